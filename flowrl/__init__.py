@@ -1,0 +1,63 @@
+"""flowrl: reinforcement-learning fine-tuning of flow-matching text-to-image models, as composable parts.
+
+Public API: :func:`build`, :func:`available`, :func:`load_recipe`, :func:`register`, the interfaces and
+the batch types.
+"""
+
+from flowrl.interfaces import (
+    AdvantageEstimator,
+    Backbone,
+    Component,
+    PolicyLoss,
+    PromptSource,
+    RewardModel,
+    RolloutSampler,
+    TimestepSelector,
+    TransitionKernel,
+)
+from flowrl.recipe import Recipe, RecipeError, load_recipe
+from flowrl.registry import KINDS, available, build, register, registry
+from flowrl.types import (
+    Advantages,
+    Conditioning,
+    LossInputs,
+    Plan,
+    RewardBatch,
+    Rollout,
+    Schedule,
+    StepOutput,
+    Transitions,
+    Unit,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KINDS",
+    "AdvantageEstimator",
+    "Advantages",
+    "Backbone",
+    "Component",
+    "Conditioning",
+    "LossInputs",
+    "Plan",
+    "PolicyLoss",
+    "PromptSource",
+    "Recipe",
+    "RecipeError",
+    "RewardBatch",
+    "RewardModel",
+    "Rollout",
+    "RolloutSampler",
+    "Schedule",
+    "StepOutput",
+    "TimestepSelector",
+    "TransitionKernel",
+    "Transitions",
+    "Unit",
+    "available",
+    "build",
+    "load_recipe",
+    "register",
+    "registry",
+]

@@ -1,0 +1,1 @@
+"""Model backbones: adapters around diffusers pipelines and tiny local test models."""

@@ -1,0 +1,172 @@
+"""The FLUX adapter: a diffusers ``FluxPipeline`` behind flowrl's small :class:`Backbone` interface.
+
+Works in latent space (with the pipeline's VAE) or directly on pixels (``vae=None``: the image is cut
+into ``patch x patch`` tokens, the embedded world's tiny model). Only this file touches the pipeline's
+modules; algorithms see velocities and images.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import torch
+from attrs.validators import gt, in_
+from torch import Tensor, nn
+
+from flowrl.interfaces import Backbone
+from flowrl.registry import register
+from flowrl.types import Conditioning
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class FluxAdapter(Backbone):
+    """Shared FLUX plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.pipe = self.load_pipeline()
+        self.pipe.set_progress_bar_config(disable=True)
+        for module in (self.pipe.text_encoder, self.pipe.text_encoder_2, self.pipe.vae):
+            if module is not None:
+                module.requires_grad_(False).eval()
+        self.dtype = DTYPES[config.dtype]
+        if self.dtype != torch.float32:
+            self.pipe.transformer.to(self.dtype)
+        self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
+        self.device = torch.device("cpu")
+        self.nfe = 0
+        self._cache: dict[str, tuple[Tensor, Tensor]] = {}
+        self._text_ids: Tensor | None = None
+        h = self.latent_grid()
+        self._img_ids = self.pipe._prepare_latent_image_ids(1, h, h, self.device, torch.float32)
+
+    def load_pipeline(self) -> Any:
+        raise NotImplementedError
+
+    # -- geometry --------------------------------------------------------------------------------
+    @property
+    def pixel_space(self) -> bool:
+        return self.pipe.vae is None
+
+    @property
+    def patch(self) -> int:
+        """Pixels per token side in pixel space (FLUX packs 2x2 latent pixels per token otherwise)."""
+        return int(math.isqrt(self.pipe.transformer.config.in_channels // 3)) if self.pixel_space else 2
+
+    def latent_grid(self) -> int:
+        """Tokens per side."""
+        res = self.config.resolution
+        if self.pixel_space:
+            return res // self.patch
+        return res // (self.pipe.vae_scale_factor * 2)
+
+    @property
+    def latent_shape(self) -> tuple[int, int]:
+        return (self.latent_grid() ** 2, self.pipe.transformer.config.in_channels)
+
+    # -- Backbone interface --------------------------------------------------------------------------
+    @property
+    def transformer(self) -> nn.Module:
+        return self.pipe.transformer  # type: ignore[no-any-return]
+
+    def to(self, device: torch.device) -> FluxAdapter:
+        self.device = torch.device(device)
+        self.pipe.to(self.device)
+        self._img_ids = self._img_ids.to(self.device)
+        self._cache.clear()
+        return self
+
+    def encode(self, prompts: list[str]) -> Conditioning:
+        missing = sorted({p for p in prompts if p not in self._cache})
+        if missing:
+            with torch.no_grad():
+                embeds, pooled, text_ids = self.pipe.encode_prompt(
+                    prompt=missing,
+                    prompt_2=None,
+                    device=self.device,
+                    max_sequence_length=self.config.max_sequence_length,
+                )
+            self._text_ids = text_ids
+            for i, prompt in enumerate(missing):
+                self._cache[prompt] = (embeds[i].float(), pooled[i].float())
+        rows = [self._cache[p] for p in prompts]
+        return Conditioning({"embeds": torch.stack([r[0] for r in rows]), "pooled": torch.stack([r[1] for r in rows])})
+
+    def noise(self, n: int, generator: torch.Generator) -> Tensor:
+        return torch.randn((n, *self.latent_shape), generator=generator).to(self.device)
+
+    def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
+        self.nfe += int(x.shape[0])
+        guidance = None
+        if self.pipe.transformer.config.guidance_embeds:
+            guidance = torch.full((x.shape[0],), self.config.guidance, device=x.device, dtype=torch.float32)
+        out = self.module(
+            hidden_states=x.to(self.dtype),
+            timestep=s.to(self.dtype),
+            guidance=guidance,
+            pooled_projections=cond.tensors["pooled"].to(self.dtype),
+            encoder_hidden_states=cond.tensors["embeds"].to(self.dtype),
+            txt_ids=self._text_ids,
+            img_ids=self._img_ids,
+            return_dict=False,
+        )[0]
+        return out.float()  # type: ignore[no-any-return]
+
+    def decode(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            if self.pixel_space:
+                image = unpack_pixels(x.float(), self.config.resolution, self.patch)
+            else:
+                vae = self.pipe.vae
+                res = self.config.resolution
+                latents = self.pipe._unpack_latents(x, res, res, self.pipe.vae_scale_factor)
+                latents = latents / vae.config.scaling_factor + vae.config.shift_factor
+                image = vae.decode(latents.to(vae.dtype), return_dict=False)[0].float()
+        return ((image + 1) / 2).clamp(0, 1)
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        """Clean latents ``x0`` for images in [0, 1] (pixel space only: used by pre-training)."""
+        if not self.pixel_space:
+            raise NotImplementedError("encoding images is only supported in pixel space")
+        return pack_pixels(images.float() * 2 - 1, self.patch)
+
+
+def pack_pixels(images: Tensor, patch: int) -> Tensor:
+    """``(B, 3, H, W)`` to ``(B, (H/p)(W/p), 3 p p)`` tokens, channel order (c, dy, dx)."""
+    b, c, h, w = images.shape
+    x = images.reshape(b, c, h // patch, patch, w // patch, patch)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // patch) * (w // patch), c * patch * patch)
+
+
+def unpack_pixels(tokens: Tensor, resolution: int, patch: int) -> Tensor:
+    """Inverse of :func:`pack_pixels`."""
+    b, _, ch = tokens.shape
+    g = resolution // patch
+    x = tokens.reshape(b, g, g, ch // (patch * patch), patch, patch)
+    return x.permute(0, 3, 1, 4, 2, 5).reshape(b, ch // (patch * patch), resolution, resolution)
+
+
+@register("backbone", "flux")
+class FluxFromPretrained(FluxAdapter):
+    """FLUX.1 (dev, schnell) or any saved FluxPipeline, from a local folder or a hub id (offline respected)."""
+
+    @attrs.frozen
+    class Config:
+        path: str = attrs.field(validator=attrs.validators.min_len(1))  # folder of save_pretrained, or hub id
+        resolution: int = attrs.field(default=512, validator=gt(0))  # image side in pixels
+        guidance: float = 3.5  # FLUX embedded guidance (ignored when the model has none)
+        max_sequence_length: int = attrs.field(default=512, validator=gt(0))
+        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(
+            default="bfloat16", validator=in_(tuple(DTYPES))
+        )
+
+    def load_pipeline(self) -> Any:
+        from diffusers import FluxPipeline
+
+        path = self.config.path
+        local = Path(path).exists()
+        return FluxPipeline.from_pretrained(path, local_files_only=local, torch_dtype=torch.float32)

@@ -1,0 +1,257 @@
+"""Tiny FLUX pipelines with random weights, built locally (no hub, no download).
+
+``tiny_flux_pipeline`` assembles a complete ``diffusers.FluxPipeline`` from small configs: a
+``FluxTransformer2DModel``, a ``CLIPTextModel`` (pooled text vector), a ``T5EncoderModel`` (token
+embeddings), two word-level tokenizers from :func:`flowrl.backbones.tokenizer.build_word_tokenizer`, a
+``FlowMatchEulerDiscreteScheduler`` and either no VAE (pixel space) or a tiny ``AutoencoderKL``.
+Everything is float32 and builds in milliseconds; the result saves with ``save_pretrained`` and loads with
+``FluxPipeline.from_pretrained(folder, local_files_only=True)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import attrs
+import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+from flowrl.backbones.tokenizer import BOS_ID, DEFAULT_WORDS, EOS_ID, PAD_ID, build_word_tokenizer
+
+# Offsets added to ``seed * 1000`` so each module draws its own random stream.
+_SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "vae": 3}
+
+
+def _positive(_instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+@attrs.frozen
+class TinyFluxSpec:
+    """Sizes of a tiny FLUX pipeline.
+
+    Pixel space (``pixel_space=True``, no VAE): the model sees a 3 x H x W image packed into
+    ``(H/patch) * (W/patch)`` tokens of ``3 * patch**2`` channels (the packing is the adapter's job).
+    Latent space: a tiny ``AutoencoderKL`` with ``len(vae_block_out_channels) - 1`` halvings and
+    ``latent_channels`` channels; FluxPipeline packs 2x2 latent patches, so the transformer has
+    ``4 * latent_channels`` input channels and ``(image_size / (2 * vae_scale_factor))**2`` tokens.
+
+    ``joint_attention_dim`` is the T5 encoder's width (``d_model``), ``pooled_projection_dim`` the CLIP
+    text encoder's width (FLUX uses CLIP's pooled output unprojected); ``text_hidden`` is the
+    feed-forward width of both text encoders, ``text_layers`` their depth.
+    """
+
+    image_size: int = attrs.field(default=32, validator=_positive)
+    pixel_space: bool = True
+    patch: int = attrs.field(default=4, validator=_positive)
+    num_layers: int = 2
+    num_single_layers: int = 2
+    attention_head_dim: int = attrs.field(default=16, validator=_positive)
+    num_attention_heads: int = attrs.field(default=2, validator=_positive)
+    joint_attention_dim: int = attrs.field(default=32, validator=_positive)
+    pooled_projection_dim: int = attrs.field(default=32, validator=_positive)
+    text_hidden: int = attrs.field(default=32, validator=_positive)
+    text_layers: int = attrs.field(default=2, validator=_positive)
+    text_heads: int = attrs.field(default=2, validator=_positive)
+    max_length: int = attrs.field(default=16, validator=_positive)
+    shift: float = 3.0
+    axes_dims_rope: tuple[int, int, int] = attrs.field(default=(4, 6, 6), converter=tuple)
+    guidance_embeds: bool = False
+    latent_channels: int = attrs.field(default=4, validator=_positive)
+    vae_block_out_channels: tuple[int, ...] = attrs.field(default=(8, 16), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.axes_dims_rope) != 3 or any(d % 2 for d in self.axes_dims_rope):
+            raise ValueError(f"axes_dims_rope must be three even numbers, got {self.axes_dims_rope}")
+        if sum(self.axes_dims_rope) != self.attention_head_dim:
+            raise ValueError(
+                f"axes_dims_rope {self.axes_dims_rope} must sum to "
+                f"attention_head_dim {self.attention_head_dim}"
+            )
+        for name in ("joint_attention_dim", "pooled_projection_dim"):
+            if getattr(self, name) % self.text_heads:
+                raise ValueError(f"{name} must be divisible by text_heads={self.text_heads}")
+        if self.image_size % self.token_grid_factor:
+            raise ValueError(f"image_size {self.image_size} must be divisible by {self.token_grid_factor}")
+
+    @property
+    def vae_scale_factor(self) -> int:
+        """Pixels per latent cell (latent space only)."""
+        return 2 ** (len(self.vae_block_out_channels) - 1)
+
+    @property
+    def token_grid_factor(self) -> int:
+        """Pixels per transformer token along one side."""
+        return self.patch if self.pixel_space else 2 * self.vae_scale_factor
+
+    @property
+    def in_channels(self) -> int:
+        """Channels per transformer token."""
+        return 3 * self.patch**2 if self.pixel_space else 4 * self.latent_channels
+
+    @property
+    def num_tokens(self) -> int:
+        """Image tokens the transformer sees for an ``image_size`` square image."""
+        return (self.image_size // self.token_grid_factor) ** 2
+
+
+def _seed(seed: int, module: str) -> None:
+    torch.manual_seed(seed * 1000 + _SEED_OFFSETS[module])
+
+
+@contextlib.contextmanager
+def _float32_default() -> Iterator[None]:
+    """Build modules in float32 whatever the caller's default dtype (casting a diffusers model afterwards
+    with ``.to(dtype)`` logs a warning)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _transformer(spec: TinyFluxSpec) -> FluxTransformer2DModel:
+    return FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=spec.in_channels,
+        num_layers=spec.num_layers,
+        num_single_layers=spec.num_single_layers,
+        attention_head_dim=spec.attention_head_dim,
+        num_attention_heads=spec.num_attention_heads,
+        joint_attention_dim=spec.joint_attention_dim,
+        pooled_projection_dim=spec.pooled_projection_dim,
+        guidance_embeds=spec.guidance_embeds,
+        axes_dims_rope=spec.axes_dims_rope,
+    )
+
+
+def _clip(spec: TinyFluxSpec, vocab_size: int) -> CLIPTextModel:
+    config = CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.pooled_projection_dim,
+        intermediate_size=spec.text_hidden,
+        projection_dim=spec.pooled_projection_dim,
+        num_hidden_layers=spec.text_layers,
+        num_attention_heads=spec.text_heads,
+        max_position_embeddings=spec.max_length,
+        hidden_act="quick_gelu",
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,  # pooled output = hidden state at the first </s>
+    )
+    return CLIPTextModel(config)
+
+
+def _t5(spec: TinyFluxSpec, vocab_size: int) -> T5EncoderModel:
+    config = T5Config(
+        vocab_size=vocab_size,
+        d_model=spec.joint_attention_dim,
+        d_kv=spec.joint_attention_dim // spec.text_heads,
+        d_ff=spec.text_hidden,
+        num_layers=spec.text_layers,
+        num_heads=spec.text_heads,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=spec.max_length,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        decoder_start_token_id=PAD_ID,
+        tie_word_embeddings=False,
+    )
+    return T5EncoderModel(config)
+
+
+def _vae(spec: TinyFluxSpec) -> AutoencoderKL:
+    n = len(spec.vae_block_out_channels)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=spec.vae_block_out_channels,
+        layers_per_block=1,
+        latent_channels=spec.latent_channels,
+        norm_num_groups=min(4, *spec.vae_block_out_channels),
+        sample_size=spec.image_size,
+        scaling_factor=1.0,
+        shift_factor=0.0,  # FluxPipeline's decode adds shift_factor; None would fail there
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
+
+
+def tiny_flux_pipeline(spec: TinyFluxSpec, words: Sequence[str] | None = None, seed: int = 0) -> FluxPipeline:
+    """A randomly initialised float32 FluxPipeline of the sizes in ``spec``; deterministic given ``seed``.
+
+    ``words`` is the tokenizers' vocabulary (default :data:`DEFAULT_WORDS`); both tokenizers are the same
+    word-level tokenizer with ``model_max_length = spec.max_length``, so call the pipeline with
+    ``max_sequence_length <= spec.max_length``.
+
+    Pixel space (``spec.pixel_space``): the pipeline has ``vae=None``. It is a valid FluxPipeline for
+    ``encode_prompt``, the scheduler and the transformer (which the flowrl adapter drives on packed
+    pixels). ``save_pretrained`` works (it logs "self.vae=None ... cannot be saved" and records
+    ``"vae": [null, null]`` in ``model_index.json``), but diffusers 0.42 lists ``vae`` as a required
+    component of FluxPipeline, so a plain ``FluxPipeline.from_pretrained(folder)`` raises
+    ``ValueError: ... expected [...] but only {...} were passed``. The supported way is to pass the
+    component explicitly: ``FluxPipeline.from_pretrained(folder, vae=None, local_files_only=True)``;
+    :func:`load_tiny_flux` does that when the folder records no VAE. The pipeline's ``__call__`` is not
+    meant for pixel space: without a VAE it assumes a VAE scale factor of 8 and cannot decode.
+    """
+    words = DEFAULT_WORDS if words is None else words
+    tokenizer = build_word_tokenizer(words, spec.max_length)
+    vocab_size = len(tokenizer)
+
+    with _float32_default():
+        _seed(seed, "transformer")
+        transformer = _transformer(spec)
+        _seed(seed, "text_encoder")
+        text_encoder = _clip(spec, vocab_size)
+        _seed(seed, "text_encoder_2")
+        text_encoder_2 = _t5(spec, vocab_size)
+        vae = None
+        if not spec.pixel_space:
+            _seed(seed, "vae")
+            vae = _vae(spec)
+
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=spec.shift, use_dynamic_shifting=False)
+    pipe = FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=build_word_tokenizer(words, spec.max_length),
+        transformer=transformer,
+    )
+    for module in (transformer, text_encoder, text_encoder_2, vae):
+        if module is not None:
+            module.eval()
+    return pipe
+
+
+def save_tiny_flux(
+    spec: TinyFluxSpec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0
+) -> Path:
+    """Build :func:`tiny_flux_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tiny_flux_pipeline(spec, words=words, seed=seed).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def load_tiny_flux(folder: str | Path, **kwargs: object) -> FluxPipeline:
+    """``FluxPipeline.from_pretrained(folder, local_files_only=True, **kwargs)``, adding ``vae=None`` when
+    the saved pipeline has no VAE (pixel space; see :func:`tiny_flux_pipeline`)."""
+    folder = Path(folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    if index.get("vae", [None, None])[0] is None:
+        kwargs.setdefault("vae", None)
+    kwargs.setdefault("local_files_only", True)
+    return FluxPipeline.from_pretrained(folder, **kwargs)

@@ -1,0 +1,1 @@
+"""The ``flowrl`` command line."""

@@ -1,0 +1,74 @@
+"""``flowrl`` entry point: sub-commands, and the one place user errors become exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from flowrl.cli import commands
+
+
+class UserError(Exception):
+    """A mistake in the user's input: printed as one line, exit status 2, no traceback."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowrl", description="RL fine-tuning of flow-matching text-to-image models.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser("train", help="train from a recipe")
+    t.add_argument("recipe")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
+    t.add_argument("--output-dir", default=None, help="run folder (default: runs/<name>-<time>)")
+    t.add_argument("--resume", default=None, help="run folder or checkpoint to continue from")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(func=commands.train)
+
+    v = sub.add_parser("validate", help="check recipes without loading any model")
+    v.add_argument("recipes", nargs="+")
+    v.set_defaults(func=commands.validate)
+
+    s = sub.add_parser("show", help="print the resolved recipe (defaults filled in)")
+    s.add_argument("recipe")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.set_defaults(func=commands.show)
+
+    ls = sub.add_parser("ls", help="list registered components")
+    ls.add_argument("kind", nargs="?", default=None)
+    ls.set_defaults(func=commands.ls)
+
+    e = sub.add_parser("eval", help="score a run or checkpoint on held-out prompts (deterministic ODE sampling)")
+    e.add_argument("path", help="run folder or checkpoint folder")
+    e.add_argument("--prompts", type=int, default=None, help="how many held-out prompts (default: all)")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--seed", type=int, default=0)
+    e.set_defaults(func=commands.evaluate)
+
+    sm = sub.add_parser("sample", help="generate a PNG grid with a run's or checkpoint's weights")
+    sm.add_argument("path", help="run folder or checkpoint folder")
+    sm.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    sm.add_argument("--per-prompt", type=int, default=4)
+    sm.add_argument("--out", default="samples.png")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.set_defaults(func=commands.sample)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except commands.USER_ERRORS as error:
+        message = error.report() if hasattr(error, "report") else str(error)
+        print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Imports every built-in component so that it registers itself (the zoo comes in through entry points)."""
+
+from flowrl import (  # noqa: F401
+    advantages,
+    kernels,
+    losses,
+    prompts,
+    selectors,
+)
+from flowrl.backbones import flux, tiny_flux  # noqa: F401
+from flowrl.rewards import jpeg  # noqa: F401
+from flowrl.samplers import independent  # noqa: F401

@@ -1,0 +1,190 @@
+"""The interfaces of flowrl's parts. Subclass one, give it an attrs ``Config``, and register it.
+
+Every component is constructed as ``Component(config)`` and keeps its config in ``self.config``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from flowrl.types import (
+    Advantages,
+    Conditioning,
+    LossInputs,
+    Plan,
+    RewardBatch,
+    Rollout,
+    Schedule,
+    StepOutput,
+)
+
+HALF_LOG_2PI_E = 0.5 * math.log(2 * math.pi * math.e)
+
+
+class Component:
+    """Base of every part: holds the validated config."""
+
+    Config: Any
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def state_dict(self) -> dict[str, Any]:
+        """State that must survive a checkpoint (a window position, a cache); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class TransitionKernel(Component, ABC):
+    """A denoising transition ``x_s -> x_{s_next}``: a Gaussian with a mean and a std (std 0: ODE)."""
+
+    @abstractmethod
+    def mean_std(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float) -> tuple[Tensor, Tensor]:
+        """Mean (shaped like ``x``) and std (shape ``(B,)``) of the next latent, in fp32.
+
+        ``s`` and ``s_next`` have shape ``(B,)``; ``v`` is the predicted velocity; ``s_at_one`` is the
+        grid's second noise level (Flow-GRPO uses it where ``1 - s`` is 0).
+        """
+
+    def step(
+        self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float, noise: Tensor
+    ) -> StepOutput:
+        """Take the transition with the given standard-normal ``noise``; returns next latent and log-density."""
+        mean, std = self.mean_std(x.float(), v.float(), s.float(), s_next.float(), s_at_one)
+        nxt = mean + _expand(std, mean) * noise.float()
+        return StepOutput(next=nxt, mean=mean, std=std, log_prob=gaussian_log_prob(nxt, mean, std))
+
+    def std_only(self, s: Tensor, s_next: Tensor, s_at_one: float) -> Tensor:
+        """The std alone (it never depends on the latent); used for entropy analysis."""
+        shape = (s.shape[0], 1)
+        zeros = torch.zeros(shape)
+        return self.mean_std(zeros, zeros, s.float(), s_next.float(), s_at_one)[1]
+
+
+def _expand(std: Tensor, like: Tensor) -> Tensor:
+    return std.reshape(std.shape + (1,) * (like.dim() - std.dim()))
+
+
+def gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """Diagonal-Gaussian log-density in fp32, averaged over all non-batch dimensions.
+
+    A row with std 0 (an ODE step, or the last step to ``s = 0``) is a point mass: its value is ``+inf``
+    (meaningless, never trained), computed without NaN in the forward or the backward pass.
+    """
+    x, mean, std = x.float(), mean.float(), _expand(std.float(), mean)
+    positive = std > 0
+    safe = torch.where(positive, std, torch.ones_like(std))
+    per_dim = -((x - mean) ** 2) / (2 * safe**2) - torch.log(safe) - 0.5 * math.log(2 * math.pi)
+    per_dim = torch.where(positive, per_dim, torch.full_like(per_dim, math.inf))
+    return per_dim.flatten(1).mean(1)
+
+
+def entropy_per_dim(std: Tensor) -> Tensor:
+    """Per-dimension entropy (nats) of an isotropic Gaussian with this std: ``0.5 log(2 pi e) + log std``."""
+    return HALF_LOG_2PI_E + torch.log(std.double()).float()
+
+
+class TimestepSelector(Component, ABC):
+    """Decides which steps are stochastic and trained, and how steps merge, at each iteration."""
+
+    @abstractmethod
+    def plan(self, schedule: Schedule, iteration: int, generator: torch.Generator) -> Plan:
+        """The plan for this iteration."""
+
+
+class Backbone(Component, ABC):
+    """A flow-matching text-to-image model behind one small interface (velocity in, images out).
+
+    ``nfe`` counts transformer evaluations (one per latent row per call of :meth:`velocity`).
+    """
+
+    nfe: int = 0
+
+    @property
+    @abstractmethod
+    def transformer(self) -> nn.Module:
+        """The module that training updates (LoRA is applied to it)."""
+
+    @abstractmethod
+    def encode(self, prompts: list[str]) -> Conditioning:
+        """Prompt conditioning, one row per prompt (cached per prompt where possible)."""
+
+    @abstractmethod
+    def noise(self, n: int, generator: torch.Generator) -> Tensor:
+        """``n`` initial latents ``x_1 ~ N(0, I)``."""
+
+    @abstractmethod
+    def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
+        """The predicted velocity ``v ~ eps - x0`` at noise levels ``s`` (shape ``(B,)``)."""
+
+    @abstractmethod
+    def decode(self, x: Tensor) -> Tensor:
+        """Images ``(B, 3, H, W)`` in [0, 1] from final latents."""
+
+    def schedule_sigmas(self, num_steps: int, shift: float) -> tuple[float, ...]:
+        """The sampling grid; the shifted flow-matching schedule unless a backbone needs another."""
+        from flowrl.schedule import shifted_sigmas
+
+        return tuple(float(s) for s in shifted_sigmas(num_steps, shift))
+
+
+class RolloutSampler(Component, ABC):
+    """Generates the group of rollouts for each prompt from a plan."""
+
+    @abstractmethod
+    def rollout(
+        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, generator: torch.Generator
+    ) -> Rollout:
+        """Sample images and record the trained transitions."""
+
+    def rollouts_per_prompt(self) -> int:
+        """How many images each prompt yields (for logging and batch sizing)."""
+        return int(getattr(self.config, "group_size", 1))
+
+
+class RewardModel(Component, ABC):
+    """Scores images against prompts, batched. Higher is better."""
+
+    def check(self) -> None:
+        """Fail early (before any model loads) when weights or extras are missing."""
+
+    @abstractmethod
+    def score(self, images: Tensor, prompts: list[str]) -> Tensor:
+        """Scores ``(B,)`` for images ``(B, 3, H, W)`` in [0, 1]."""
+
+
+class AdvantageEstimator(Component, ABC):
+    """Turns rewards and the rollout structure into one advantage per rollout."""
+
+    @abstractmethod
+    def __call__(self, rewards: RewardBatch, rollout: Rollout) -> Advantages:
+        """Advantages for every rollout."""
+
+
+class PolicyLoss(Component, ABC):
+    """The objective on recorded transitions."""
+
+    needs_reference: bool = False
+
+    @abstractmethod
+    def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
+        """The scalar loss and statistics to log (``clip_frac`` at least)."""
+
+
+class PromptSource(Component, ABC):
+    """Where prompts come from: a text file, a list, the embedded world."""
+
+    @abstractmethod
+    def sample(self, n: int, generator: torch.Generator) -> list[str]:
+        """``n`` training prompts."""
+
+    def heldout(self) -> list[str]:
+        """Evaluation prompts (defaults to none)."""
+        return []

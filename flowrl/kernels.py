@@ -1,0 +1,119 @@
+"""Transition kernels: the Gaussian of one denoising step ``x_s -> x_{s_next}`` (ALGORITHMS.md, kernels).
+
+Every kernel returns the mean (fp32, shaped like ``x``) and the std (fp32, shape ``(B,)``). The per-row
+coefficients are formed in float64 from ``s`` and ``s_next`` and applied to the fp32 latents. A merged
+jump (``s_next`` several grid steps below ``s``) uses the same formulas with the larger ``dt``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+from torch import Tensor
+
+from flowrl.interfaces import TransitionKernel
+from flowrl.registry import register
+
+MeanStd = tuple[Tensor, Tensor]
+
+
+def _col(coef: Tensor, like: Tensor) -> Tensor:
+    """A ``(B,)`` coefficient as fp32, shaped to broadcast over ``like``'s latent dimensions."""
+    return coef.to(torch.float32).reshape(coef.shape + (1,) * (like.dim() - 1))
+
+
+def _levels(s: Tensor, s_next: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    s64, n64 = s.to(torch.float64), s_next.to(torch.float64)
+    return s64, n64, n64 - s64
+
+
+@register("kernel", "flow_grpo_sde")
+class FlowGRPOKernel(TransitionKernel):
+    """Flow-GRPO SDE step, sigma_t = a sqrt(s / (1 - s)) (arXiv 2505.05470, Eq. 9; ALGORITHMS.md).
+
+    ``mean = x (1 + sigma_t^2 dt / (2 s)) + v (1 + sigma_t^2 (1 - s) / (2 s)) dt``,
+    ``std = sigma_t sqrt(-dt)``; at ``s = 1`` the denominator uses the grid's second level ``s_at_one``.
+    """
+
+    @attrs.frozen
+    class Config:
+        noise_level: float = attrs.field(default=0.7, validator=attrs.validators.ge(0))  # a
+
+    def sigma_t(self, s: Tensor, s_at_one: float) -> Tensor:
+        """``a sqrt(s / (1 - s'))`` with ``s' = s_at_one`` where ``s == 1`` (float64)."""
+        s64 = s.to(torch.float64)
+        guarded = torch.where(s64 == 1.0, torch.full_like(s64, s_at_one), s64)
+        return self.config.noise_level * torch.sqrt(s64 / (1.0 - guarded))
+
+    def mean_std(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float) -> MeanStd:
+        x, v = x.float(), v.float()
+        s64, _, dt = _levels(s, s_next)
+        sig2 = self.sigma_t(s, s_at_one) ** 2
+        cx = 1.0 + sig2 * dt / (2.0 * s64)
+        cv = (1.0 + sig2 * (1.0 - s64) / (2.0 * s64)) * dt
+        std = torch.sqrt(sig2) * torch.sqrt((-dt).clamp(min=0.0))
+        return _col(cx, x) * x + _col(cv, x) * v, std.float()
+
+
+@register("kernel", "dance_grpo_sde")
+class DanceGRPOKernel(TransitionKernel):
+    """DanceGRPO SDE step with constant eta (arXiv 2505.07818; ALGORITHMS.md).
+
+    ``std = eta sqrt(s - s_next)``, ``mean = x + v dt - 0.5 eta^2 score dt`` with
+    ``score = -(x - (1 - s) x0_hat) / s^2`` and ``x0_hat = x - s v``.
+    """
+
+    @attrs.frozen
+    class Config:
+        eta: float = attrs.field(default=0.3, validator=attrs.validators.ge(0))
+
+    def mean_std(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float) -> MeanStd:
+        x, v = x.float(), v.float()
+        s64, _, dt = _levels(s, s_next)
+        eta = self.config.eta
+        # score = -(x - (1 - s)(x - s v)) / s^2 = -(s x + s (1 - s) v) / s^2 = -(x + (1 - s) v) / s
+        x0_hat = x - _col(s64, x) * v
+        score = -(x - _col(1.0 - s64, x) * x0_hat) / _col(s64**2, x)
+        mean = x + _col(dt, x) * v - _col(0.5 * eta**2 * dt, x) * score
+        std = eta * torch.sqrt((-dt).clamp(min=0.0))
+        return mean, std.float()
+
+
+@register("kernel", "cps")
+class CPSKernel(TransitionKernel):
+    """Coefficient-preserving sampling step (CPS; ALGORITHMS.md): std = s_next sin(a pi / 2).
+
+    ``mean = (1 - s_next) x0_hat + sqrt(s_next^2 - std^2) eps_hat`` with ``x0_hat = x - s v`` and
+    ``eps_hat = x + (1 - s) v``; the step to ``s_next = 0`` has std 0 and lands on ``x0_hat``.
+    """
+
+    @attrs.frozen
+    class Config:
+        noise_level: float = attrs.field(
+            default=0.7, validator=[attrs.validators.ge(0), attrs.validators.le(1)]
+        )  # a in [0, 1]
+
+    def mean_std(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float) -> MeanStd:
+        x, v = x.float(), v.float()
+        s64, n64, _ = _levels(s, s_next)
+        std = n64 * math.sin(self.config.noise_level * math.pi / 2)
+        c_eps = torch.sqrt((n64**2 - std**2).clamp(min=0.0))
+        x0_hat = x - _col(s64, x) * v
+        eps_hat = x + _col(1.0 - s64, x) * v
+        return _col(1.0 - n64, x) * x0_hat + _col(c_eps, x) * eps_hat, std.float()
+
+
+@register("kernel", "ode")
+class ODEKernel(TransitionKernel):
+    """Deterministic Euler step x' = x + v dt (std 0: no log-density, never trained)."""
+
+    @attrs.frozen
+    class Config:
+        pass
+
+    def mean_std(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float) -> MeanStd:
+        x, v = x.float(), v.float()
+        dt = _levels(s, s_next)[2]
+        return x + _col(dt, x) * v, torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)

@@ -1,0 +1,59 @@
+"""Loading trained weights back: a run folder or a checkpoint folder becomes a ready policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import Tensor
+
+from flowrl.evaluate import evaluate, ode_images
+from flowrl.interfaces import Backbone, PromptSource
+from flowrl.recipe import Recipe, load_recipe
+from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights_into
+from flowrl.trainer.lora import add_lora
+from flowrl.trainer.loop import reward_models
+from flowrl.types import Schedule
+
+
+@attrs.define
+class LoadedPolicy:
+    """A backbone with a checkpoint's weights, its recipe's schedule, prompts and rewards."""
+
+    recipe: Recipe
+    backbone: Backbone
+    schedule: Schedule
+    prompts: PromptSource
+    rewards: list[tuple[str, float, Any]]
+    step: int
+
+    def images(self, prompts: list[str], seed: int = 0) -> Tensor:
+        return ode_images(self.backbone, prompts, self.schedule, seed)
+
+    def evaluate(self, limit: int | None = None, seed: int = 0) -> dict[str, Any]:
+        prompts = self.prompts.heldout() or self.prompts.sample(limit or 32, torch.Generator().manual_seed(seed))
+        prompts = prompts[:limit] if limit else prompts
+        result = evaluate(self.backbone, prompts, self.rewards, self.schedule, seed)
+        return {"step": self.step, "prompts": len(prompts), **result}
+
+
+def load_policy(path: Path) -> LoadedPolicy:
+    """Build the recipe stored with a checkpoint (or a run's newest checkpoint) and load its weights."""
+    folder = find_checkpoint(path)
+    recipe_file = folder / "recipe.toml"
+    if not recipe_file.exists():
+        raise CheckpointError(f"checkpoint {folder}: missing recipe.toml")
+    recipe = load_recipe(recipe_file)
+    weights, state, _ = load_checkpoint(folder)
+    rewards = reward_models(recipe)
+    backbone: Backbone = recipe.build("backbone")
+    if recipe.lora is not None:
+        add_lora(backbone.transformer, recipe.lora)
+    load_weights_into(backbone.transformer, weights, folder)
+    backbone.transformer.eval()
+    sampler = recipe.parts["sampler"].config
+    sigmas = backbone.schedule_sigmas(sampler.num_steps, sampler.shift)
+    schedule = Schedule(sigmas=sigmas, kernel=recipe.build("kernel"))
+    return LoadedPolicy(recipe, backbone, schedule, recipe.build("prompts"), rewards, int(state["step"]))

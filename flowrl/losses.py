@@ -1,0 +1,75 @@
+"""Policy losses on recorded transitions (ALGORITHMS.md, loss)."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from torch import Tensor
+
+from flowrl.interfaces import PolicyLoss
+from flowrl.registry import register
+from flowrl.types import LossInputs
+
+
+def ppo_clip_objective(
+    log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float
+) -> tuple[Tensor, Tensor]:
+    """Per-transition ``max(-A r, -A clip(r, 1 - e, 1 + e))`` and the ratio ``r = exp(logp - logp_old)``."""
+    ratio = torch.exp(log_prob - old_log_prob)
+    clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    return torch.maximum(-advantages * ratio, -advantages * clipped), ratio
+
+
+def gaussian_mean_kl(mean: Tensor, ref_mean: Tensor, std: Tensor) -> Tensor:
+    """Per-transition ``mean_dims (mean - ref_mean)^2 / (2 std^2)``: KL of two Gaussians with one std."""
+    sq = (mean.float() - ref_mean.float()).square().flatten(1).mean(1)
+    return sq / (2.0 * std.float().square())
+
+
+@register("loss", "ppo_clip")
+class PPOClip(PolicyLoss):
+    """PPO clipped surrogate on per-transition density ratios, optional KL to the reference (GRPO family).
+
+    ``L = mean(w max(-A r, -A clip(r, 1 - e, 1 + e))) + kl_beta mean(KL)`` (Flow-GRPO arXiv 2505.05470,
+    Eq. 8; DanceGRPO, MixGRPO, E-GRPO). ``KL = mean_dims (mean - ref_mean)^2 / (2 std^2)``, the closed form
+    for Gaussians of equal std. Interpretation of the dt option: by default (``kl_dt_factor = False``) ``std``
+    is the transition's std as recorded (for SDE kernels it already contains ``sqrt(-dt)``), i.e. the exact
+    KL of the two transition Gaussians (Flow-GRPO). With ``kl_dt_factor = True`` the KL is multiplied by
+    ``-dt = s - s_next`` (dividing by ``sigma_t^2`` instead of ``std^2``); this needs a ``dt`` field on the
+    batch, which :class:`LossInputs` does not carry yet, so it raises until one is added.
+    """
+
+    @attrs.frozen
+    class Config:
+        clip_range: float = attrs.field(default=1e-4, validator=attrs.validators.gt(0))  # e
+        kl_beta: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+        kl_dt_factor: bool = False
+
+    @property
+    def needs_reference(self) -> bool:  # type: ignore[override]
+        """A reference (base-policy) mean is needed iff the KL term is on."""
+        return bool(self.config.kl_beta > 0)
+
+    def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
+        e = self.config.clip_range
+        per, ratio = ppo_clip_objective(batch.log_prob, batch.old_log_prob, batch.advantages, e)
+        loss = (per * batch.weight).mean()
+        with torch.no_grad():
+            diff = (batch.log_prob - batch.old_log_prob).float()
+            stats = {
+                "clip_frac": float(((ratio - 1.0).abs() > e).float().mean()),
+                "approx_kl": float(0.5 * diff.square().mean()),
+                "ratio_mean": float(ratio.mean()),
+                "policy_loss": float(loss),
+            }
+        if self.config.kl_beta > 0 and batch.ref_mean is not None:
+            kl = gaussian_mean_kl(batch.mean, batch.ref_mean, batch.std)
+            if self.config.kl_dt_factor:
+                dt = getattr(batch, "dt", None)
+                if dt is None:
+                    raise ValueError("kl_dt_factor needs the transitions' dt (LossInputs has no 'dt' field)")
+                kl = kl * (-dt.float())
+            kl_mean = kl.mean()
+            loss = loss + self.config.kl_beta * kl_mean
+            stats["kl"] = float(kl_mean.detach())
+        return loss, stats

@@ -1,0 +1,256 @@
+"""Recipes: TOML files with one table per part, validated before any model loads.
+
+Every problem is collected with its file and key path; :class:`RecipeError` prints them all.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from flowrl.config import ConfigError, structure, unstructure
+from flowrl.registry import RegistryError, registry
+from flowrl.settings import LoraConfig, OptimConfig, TrainerConfig
+
+# Recipe table -> registry kind; every one of these tables is required.
+COMPONENT_TABLES = ("backbone", "prompts", "selector", "sampler", "kernel", "advantage", "loss")
+SETTING_TABLES = {"optim": OptimConfig, "trainer": TrainerConfig, "lora": LoraConfig}
+TOP_KEYS = ("name", "seed", "reward", *COMPONENT_TABLES, *SETTING_TABLES)
+
+
+class RecipeError(Exception):
+    """Problems in a recipe; ``str()`` is the report a user sees."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(self.report())
+
+    def report(self) -> str:
+        n = len(self.problems)
+        head = f"recipe error: {n} problem{'s' if n != 1 else ''} in {self.source}"
+        return "\n".join([head, *(f"  [{path}] {msg}" for path, msg in self.problems)])
+
+
+@attrs.frozen
+class Part:
+    """A resolved component: its registered name, class and validated config."""
+
+    type: str
+    cls: type
+    config: Any
+
+    def build(self) -> Any:
+        return self.cls(self.config)
+
+    def to_table(self) -> dict[str, Any]:
+        return {"type": self.type, **unstructure(self.config)}
+
+
+@attrs.frozen
+class RewardPart(Part):
+    weight: float = 1.0
+    name: str = ""
+
+    def to_table(self) -> dict[str, Any]:
+        return {"type": self.type, "weight": self.weight, "name": self.name, **unstructure(self.config)}
+
+
+@attrs.frozen
+class Recipe:
+    """A validated recipe. ``parts`` maps each component table to its resolved :class:`Part`."""
+
+    name: str
+    seed: int
+    parts: dict[str, Part]
+    rewards: tuple[RewardPart, ...]
+    optim: OptimConfig
+    trainer: TrainerConfig
+    lora: LoraConfig | None
+    source: str = "<recipe>"
+
+    def build(self, table: str) -> Any:
+        return self.parts[table].build()
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "seed": self.seed}
+        for table in COMPONENT_TABLES:
+            data[table] = self.parts[table].to_table()
+        data["reward"] = [r.to_table() for r in self.rewards]
+        data["optim"] = unstructure(self.optim)
+        data["trainer"] = unstructure(self.trainer)
+        if self.lora is not None:
+            data["lora"] = unstructure(self.lora)
+        return data
+
+    def to_toml(self) -> str:
+        from flowrl.tomlwrite import dumps
+
+        return dumps(self.to_dict())
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+    """Read, override (``table.key=value``) and validate a recipe file; raise :class:`RecipeError`."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(source, [("file", "no such recipe file")]) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise RecipeError(source, [("file", f"cannot read: {error}")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(source, [("toml", f"syntax error: {error}")]) from None
+    return recipe_from_dict(data, overrides, source)
+
+
+def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "<recipe>") -> Recipe:
+    """Validate recipe data (already parsed); collects every problem before raising."""
+    data = _deep_copy(data)
+    problems: list[tuple[str, str]] = []
+    for item in overrides:
+        _apply_override(data, item, problems)
+    for key in data:
+        if key not in TOP_KEYS:
+            close = difflib.get_close_matches(key, TOP_KEYS, n=1)
+            problems.append((key, f"unknown table or key{'; did you mean ' + repr(close[0]) + '?' if close else ''}"))
+    parts: dict[str, Part] = {}
+    for table in COMPONENT_TABLES:
+        if table not in data:
+            problems.append((table, f"missing table [{table}] (see flowrl ls {table})"))
+            continue
+        part = _resolve_part(table, data[table], table, problems)
+        if part is not None:
+            parts[table] = part
+    rewards = tuple(_resolve_rewards(data.get("reward"), problems))
+    settings = {k: _structure_table(cls, data.get(k, {}), k, problems) for k, cls in SETTING_TABLES.items()}
+    name = data.get("name", Path(source).stem)
+    seed = data.get("seed", 0)
+    if not isinstance(name, str):
+        problems.append(("name", f"expected a string, got {name!r}"))
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        problems.append(("seed", f"expected a non-negative integer, got {seed!r}"))
+    if problems:
+        raise RecipeError(source, problems)
+    recipe = Recipe(
+        name=name,
+        seed=seed,
+        parts=parts,
+        rewards=rewards,
+        optim=settings["optim"],
+        trainer=settings["trainer"],
+        lora=settings["lora"] if "lora" in data else None,
+        source=source,
+    )
+    problems = list(cross_checks(recipe))
+    if problems:
+        raise RecipeError(source, problems)
+    return recipe
+
+
+def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
+    """Checks that span tables: group size, steps within the schedule, reward names."""
+    sampler = recipe.parts["sampler"].config
+    group = getattr(sampler, "group_size", None)
+    if group is not None and group < 2:
+        yield ("sampler.group_size", f"group-relative advantages need at least 2 rollouts per prompt, got {group}")
+    steps = getattr(sampler, "num_steps", None)
+    selector = recipe.parts["selector"]
+    if steps is not None and hasattr(selector.cls, "check_steps"):
+        yield from (("selector." + k, msg) for k, msg in selector.cls.check_steps(selector.config, steps))
+    names = [r.name for r in recipe.rewards]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        yield ("reward", f"two rewards are named '{dup}'; give each [[reward]] a distinct name")
+
+
+def _resolve_part(table: str, spec: Any, path: str, problems: list[tuple[str, str]]) -> Part | None:
+    if not isinstance(spec, dict):
+        problems.append((path, f"expected a table, got {spec!r}"))
+        return None
+    spec = dict(spec)
+    kind = "reward" if table == "reward" else table
+    type_name = spec.pop("type", None)
+    if not isinstance(type_name, str):
+        problems.append((path, f"missing 'type' (one of: {', '.join(registry(kind).names())})"))
+        return None
+    try:
+        cls = registry(kind).get(type_name)
+    except RegistryError as error:
+        problems.append((path, str(error)))
+        return None
+    try:
+        config = structure(cls.Config, spec, path)
+    except ConfigError as error:
+        problems.extend(error.problems)
+        return None
+    return Part(type=type_name, cls=cls, config=config)
+
+
+def _resolve_rewards(specs: Any, problems: list[tuple[str, str]]) -> list[RewardPart]:
+    if specs is None:
+        problems.append(("reward", "missing [[reward]]: at least one reward is needed (flowrl ls reward)"))
+        return []
+    if isinstance(specs, dict):
+        specs = [specs]
+    rewards = []
+    for i, spec in enumerate(specs):
+        path = f"reward[{i}]" if len(specs) > 1 else "reward"
+        if not isinstance(spec, dict):
+            problems.append((path, f"expected a table, got {spec!r}"))
+            continue
+        spec = dict(spec)
+        weight = spec.pop("weight", 1.0)
+        name = spec.pop("name", spec.get("type", ""))
+        if not isinstance(weight, int | float) or isinstance(weight, bool):
+            problems.append((f"{path}.weight", f"expected a number, got {weight!r}"))
+            continue
+        part = _resolve_part("reward", spec, path, problems)
+        if part is not None:
+            rewards.append(RewardPart(part.type, part.cls, part.config, float(weight), str(name)))
+    return rewards
+
+
+def _structure_table(cls: type, data: Any, path: str, problems: list[tuple[str, str]]) -> Any:
+    if not isinstance(data, dict):
+        problems.append((path, f"expected a table, got {data!r}"))
+        return cls()
+    try:
+        return structure(cls, data, path)
+    except ConfigError as error:
+        problems.extend(error.problems)
+        return cls()
+
+
+def _apply_override(data: dict[str, Any], item: str, problems: list[tuple[str, str]]) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        problems.append(("--set", f"expected table.key=value, got {item!r}"))
+        return
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is a string
+    *tables, last = key.strip().split(".")
+    node: Any = data
+    for table in tables:
+        if isinstance(node, list):  # [[reward]]: address the first table
+            node = node[0] if node else {}
+        node = node.setdefault(table, {})
+    if isinstance(node, list):
+        node = node[0]
+    node[last] = value
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data

@@ -1,0 +1,173 @@
+"""Registries: one per kind of part, each mapping a name to a component class and its config class.
+
+A component class declares ``Config`` (an attrs class) and takes an instance of it in ``__init__``.
+Lookup order: registered names, then the ``flowrl.plugins`` entry points (imported once, on the first
+miss), then a dotted path ``package.module:Class``; otherwise a :class:`LookupError` with "did you mean".
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+import attrs
+
+KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts")
+PLUGIN_GROUP = "flowrl.plugins"
+
+C = TypeVar("C", bound=type)
+
+
+class RegistryError(LookupError):
+    """A name that cannot be resolved, registered twice, or a class that breaks its interface."""
+
+
+class Registry:
+    """Names to component classes for one kind of part (``selector``, ``kernel``, ...)."""
+
+    def __init__(self, kind: str, interface: type) -> None:
+        self.kind = kind
+        self.interface = interface
+        self._classes: dict[str, type] = {}
+
+    def register(self, name: str) -> Callable[[C], C]:
+        """Class decorator: register ``cls`` under ``name`` after checking it against the interface."""
+
+        def decorate(cls: C) -> C:
+            if name in self._classes:
+                raise RegistryError(f"{self.kind} '{name}' is already registered by {self._classes[name]!r}")
+            check_component(cls, self.interface, self.kind)
+            cls.registered_name = name  # type: ignore[attr-defined]
+            self._classes[name] = cls
+            return cls
+
+        return decorate
+
+    def names(self) -> list[str]:
+        load_plugins()
+        return sorted(self._classes)
+
+    def items(self) -> list[tuple[str, type]]:
+        return [(name, self._classes[name]) for name in self.names()]
+
+    def get(self, name: str) -> type:
+        """The class for ``name``: a registered name, a plugin's name, or ``package.module:Class``."""
+        if name in self._classes:
+            return self._classes[name]
+        load_plugins()
+        if name in self._classes:
+            return self._classes[name]
+        if ":" in name:
+            cls = _import_dotted(name)
+            check_component(cls, self.interface, self.kind)
+            return cls
+        close = difflib.get_close_matches(name, list(self._classes), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise RegistryError(f"unknown {self.kind} type '{name}'{hint} (flowrl ls {self.kind})")
+
+
+def check_component(cls: type, interface: type, kind: str) -> None:
+    """Raise unless ``cls`` subclasses ``interface``, has an attrs ``Config`` and implements every method."""
+    if not (isinstance(cls, type) and issubclass(cls, interface)):
+        raise RegistryError(f"{cls!r} is not a {interface.__name__} (required for kind '{kind}')")
+    config = getattr(cls, "Config", None)
+    if config is None or not attrs.has(config):
+        raise RegistryError(f"{cls.__name__} must define an attrs class `Config` for its parameters")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise RegistryError(f"{cls.__name__} does not implement {', '.join(missing)} of {interface.__name__}")
+
+
+def _import_dotted(path: str) -> type:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise RegistryError(f"cannot import '{module_name}' for '{path}': {error}") from error
+    try:
+        return getattr(module, attr)  # type: ignore[no-any-return]
+    except AttributeError as error:
+        raise RegistryError(f"module '{module_name}' has no attribute '{attr}'") from error
+
+
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import every module named in the ``flowrl.plugins`` entry-point group (the zoo and third parties)."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    _import_builtins()
+    for point in entry_points(group=PLUGIN_GROUP):
+        point.load()
+
+
+def _import_builtins() -> None:
+    # The core's own components register themselves on import.
+    importlib.import_module("flowrl.components")
+
+
+_REGISTRIES: dict[str, Registry] = {}
+
+
+def registry(kind: str) -> Registry:
+    """The registry of one kind."""
+    if kind not in _REGISTRIES:
+        raise RegistryError(f"unknown kind '{kind}'; kinds are {', '.join(KINDS)}")
+    return _REGISTRIES[kind]
+
+
+def register(kind: str, name: str) -> Callable[[C], C]:
+    """Decorator registering a component class: ``@register("selector", "my_selector")``."""
+    return registry(kind).register(name)
+
+
+def available(kind: str) -> list[str]:
+    """The names a recipe can use for ``kind``."""
+    return registry(kind).names()
+
+
+def summary(cls: type) -> str:
+    """First line of a component's docstring."""
+    doc = (cls.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def make_config(cls: type, params: Mapping[str, Any]) -> Any:
+    """Build ``cls.Config`` from plain parameters (validated; see :mod:`flowrl.config`)."""
+    from flowrl.config import structure
+
+    return structure(cls.Config, dict(params))
+
+
+def build(kind: str, spec: Mapping[str, Any]) -> Any:
+    """Build a component from a spec dict ``{"type": name, **params}``: ``flowrl.build("kernel", {...})``."""
+    spec = dict(spec)
+    if "type" not in spec:
+        raise RegistryError(f"a {kind} spec needs a 'type' ({', '.join(available(kind))})")
+    cls = registry(kind).get(str(spec.pop("type")))
+    return cls(make_config(cls, spec))
+
+
+def _init_registries() -> None:
+    from flowrl import interfaces as i
+
+    for kind, interface in (
+        ("selector", i.TimestepSelector),
+        ("sampler", i.RolloutSampler),
+        ("advantage", i.AdvantageEstimator),
+        ("reward", i.RewardModel),
+        ("loss", i.PolicyLoss),
+        ("kernel", i.TransitionKernel),
+        ("backbone", i.Backbone),
+        ("prompts", i.PromptSource),
+    ):
+        _REGISTRIES[kind] = Registry(kind, interface)
+
+
+_init_registries()

@@ -1,0 +1,47 @@
+"""Independent trajectories: every rollout follows its own path; SDE on the plan's units, ODE elsewhere."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from attrs.validators import ge, gt
+
+from flowrl.interfaces import Backbone, RolloutSampler
+from flowrl.registry import register
+from flowrl.samplers.walk import TrajectoryRecorder, walk
+from flowrl.types import Plan, Rollout, Schedule
+
+
+@register("sampler", "independent")
+class IndependentSampler(RolloutSampler):
+    """G independent trajectories per prompt (Flow-GRPO, DanceGRPO); one transformer call per rollout per step."""
+
+    @attrs.frozen
+    class Config:
+        group_size: int = attrs.field(default=8, validator=ge(1))  # rollouts per prompt (G)
+        num_steps: int = attrs.field(default=16, validator=ge(1))  # denoising steps (N)
+        shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
+        same_noise: bool = False  # one initial noise shared by a prompt's G rollouts (DanceGRPO)
+
+    def rollout(
+        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, generator: torch.Generator
+    ) -> Rollout:
+        g = self.config.group_size
+        nfe0 = backbone.nfe
+        cond = backbone.encode(prompts)
+        rollout_prompt = torch.arange(len(prompts)).repeat_interleave(g)
+        if self.config.same_noise:
+            x = backbone.noise(len(prompts), generator).repeat_interleave(g, dim=0)
+        else:
+            x = backbone.noise(len(rollout_prompt), generator)
+        recorder = TrajectoryRecorder(plan, rollout_index=torch.arange(len(rollout_prompt)))
+        x = walk(backbone, x, cond.take(rollout_prompt), rollout_prompt, 0, plan, schedule, generator, recorder)
+        return Rollout(
+            prompts=list(prompts),
+            cond=cond,
+            images=backbone.decode(x),
+            rollout_prompt=rollout_prompt,
+            group=rollout_prompt.clone(),
+            transitions=recorder.transitions(),
+            nfe=backbone.nfe - nfe0,
+        )

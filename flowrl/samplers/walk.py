@@ -1,0 +1,86 @@
+"""Walking a batch of latents down the schedule: the shared inner loop of every sampler."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from flowrl.interfaces import Backbone
+from flowrl.types import Conditioning, Plan, Schedule, Transitions
+
+
+class TrajectoryRecorder:
+    """Collects the trained transitions of a walk (one row per latent in the batch)."""
+
+    def __init__(self, plan: Plan, rollout_index: Tensor) -> None:
+        self.plan = plan
+        self.rollout_index = rollout_index
+        self.parts: list[Transitions] = []
+
+    def record(self, unit_index: int, x: Tensor, s: Tensor, cond_rows: Tensor, s_next: Tensor,
+               x_next: Tensor, log_prob: Tensor) -> None:
+        if unit_index not in self.plan.trained:
+            return
+        n = x.shape[0]
+        self.parts.append(
+            Transitions(
+                inputs=x,
+                input_s=s,
+                input_cond=cond_rows,
+                input_index=torch.arange(n),
+                s_next=s_next,
+                x_next=x_next,
+                log_prob=log_prob,
+                rollout_index=self.rollout_index,
+                unit_index=torch.full((n,), unit_index, dtype=torch.long),
+                weight=torch.ones(n),
+            )
+        )
+
+    def transitions(self) -> Transitions:
+        if not self.parts:
+            return empty_transitions()
+        return Transitions.concat(self.parts)
+
+
+def empty_transitions() -> Transitions:
+    z = torch.zeros(0)
+    zl = torch.zeros(0, dtype=torch.long)
+    return Transitions(z[:, None], z, zl, zl, z, z[:, None], z, zl, zl, z)
+
+
+def walk(
+    backbone: Backbone,
+    x: Tensor,
+    cond: Conditioning,
+    cond_rows: Tensor,
+    start: int,
+    plan: Plan,
+    schedule: Schedule,
+    generator: torch.Generator,
+    recorder: TrajectoryRecorder | None = None,
+    stop: int | None = None,
+) -> Tensor:
+    """Denoise ``x`` from grid step ``start`` to ``stop`` (default: the end): the plan's units as SDE jumps.
+
+    ``cond`` has one row per latent; ``cond_rows`` names each latent's prompt (recorded with transitions).
+    """
+    sigmas = schedule.tensor().to(x.device)
+    stop = schedule.num_steps if stop is None else stop
+    step = start
+    n = x.shape[0]
+    while step < stop:
+        unit = plan.unit_at(step)
+        end = unit.end if unit is not None else step + 1
+        s, s_next = sigmas[step].expand(n), sigmas[end].expand(n)
+        v = backbone.velocity(x, s, cond)
+        if unit is None:
+            x = x.float() + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
+        else:
+            noise = torch.randn(x.shape, generator=generator).to(x.device)
+            out = schedule.kernel.step(x, v, s, s_next, schedule.s_at_one, noise)
+            if recorder is not None:
+                recorder.record(plan.units.index(unit), x, s, cond_rows, s_next, out.next, out.log_prob)
+            x = out.next
+        step = end
+    return x

@@ -1,0 +1,53 @@
+"""The recipe's non-component tables: ``[optim]``, ``[trainer]``, ``[lora]``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+from attrs.validators import ge, gt, in_, le
+
+positive = gt(0)
+
+
+@attrs.frozen
+class OptimConfig:
+    """AdamW with gradient clipping (``[optim]``)."""
+
+    lr: float = attrs.field(default=1e-5, validator=positive)
+    weight_decay: float = attrs.field(default=1e-4, validator=ge(0))
+    beta1: float = attrs.field(default=0.9, validator=[ge(0), le(1)])
+    beta2: float = attrs.field(default=0.999, validator=[ge(0), le(1)])
+    eps: float = attrs.field(default=1e-8, validator=positive)
+    max_grad_norm: float = attrs.field(default=1.0, validator=positive)  # clip the global grad norm to this
+    warmup_steps: int = attrs.field(default=0, validator=ge(0))  # linear LR warm-up
+
+
+@attrs.frozen
+class TrainerConfig:
+    """The shared loop's settings (``[trainer]``)."""
+
+    max_steps: int = attrs.field(default=100, validator=positive)  # iterations (one optimizer step each)
+    prompts_per_step: int = attrs.field(default=4, validator=positive)  # prompts per iteration per process
+    train_batch_size: int = attrs.field(default=64, validator=positive)  # transformer inputs per micro-batch
+    inner_epochs: int = attrs.field(default=1, validator=positive)  # passes over each rollout batch
+    mixed_precision: Literal["no", "bf16", "fp16"] = attrs.field(default="no", validator=in_(("no", "bf16", "fp16")))
+    ema_decay: float = attrs.field(default=0.0, validator=[ge(0), le(1)])  # 0 disables EMA
+    log_every: int = attrs.field(default=1, validator=positive)
+    image_every: int = attrs.field(default=10, validator=ge(0))  # TensorBoard image grids; 0 disables
+    checkpoint_every: int = attrs.field(default=50, validator=ge(0))  # 0: only the final checkpoint
+    keep_checkpoints: int = attrs.field(default=2, validator=positive)
+    eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation; 0 disables
+    eval_prompts: int = attrs.field(default=32, validator=positive)  # how many held-out prompts to score
+    max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
+    gradient_checkpointing: bool = False
+
+
+@attrs.frozen
+class LoraConfig:
+    """LoRA adapters on the transformer (``[lora]``; omit the table for full fine-tuning)."""
+
+    rank: int = attrs.field(default=32, validator=positive)
+    alpha: float = attrs.field(default=64.0, validator=positive)
+    dropout: float = attrs.field(default=0.0, validator=[ge(0), le(1)])
+    target_modules: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")

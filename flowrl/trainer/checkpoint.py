@@ -1,0 +1,120 @@
+"""Checkpoints: trainable weights (safetensors), optimizer, LR schedule, EMA, RNG and component state.
+
+A checkpoint is written to a temporary folder and renamed into place, so a crash never leaves half of
+one; the newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (missing, truncated, from another model)."""
+
+
+WEIGHTS = "weights.safetensors"
+STATE = "trainer_state.json"
+
+
+def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "generators": {k: g.get_state() for k, g in generators.items()},
+    }
+
+
+def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    for key, generator in generators.items():
+        generator.set_state(state["generators"][key])
+
+
+def save_checkpoint(
+    folder: Path,
+    weights: dict[str, Tensor],
+    state: dict[str, Any],
+    extra: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write ``folder`` atomically: weights, JSON state and a torch file of everything else."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / WEIGHTS))
+    torch.save(extra, tmp / "extra.pt")
+    (tmp / STATE).write_text(json.dumps(state, indent=2))
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    prune(folder.parent, keep)
+    return folder
+
+
+def prune(parent: Path, keep: int) -> None:
+    for old in list_checkpoints(parent)[:-keep]:
+        shutil.rmtree(old)
+
+
+def list_checkpoints(parent: Path) -> list[Path]:
+    """Complete checkpoints under ``parent``, oldest first."""
+    if not parent.is_dir():
+        return []
+    found = [p for p in parent.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE).exists()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A checkpoint folder, or the newest one of a run folder."""
+    path = Path(path)
+    if (path / STATE).exists():
+        return path
+    found = list_checkpoints(path / "checkpoints")
+    if not found:
+        raise CheckpointError(f"{path}: no checkpoint found (expected {path}/checkpoints/step_*/)")
+    return found[-1]
+
+
+def load_checkpoint(folder: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Any]]:
+    """(weights, state, extra) of a checkpoint folder; :class:`CheckpointError` when unreadable."""
+    folder = Path(folder)
+    try:
+        weights = load_file(str(folder / WEIGHTS))
+        state = json.loads((folder / STATE).read_text())
+        extra_path = folder / "extra.pt"
+        extra = torch.load(extra_path, weights_only=False) if extra_path.exists() else {}
+    except FileNotFoundError as error:
+        raise CheckpointError(f"checkpoint {folder}: missing {Path(error.filename).name}") from None
+    except Exception as error:  # truncated or corrupt files raise many types
+        raise CheckpointError(f"checkpoint {folder}: unreadable ({type(error).__name__}: {error})") from None
+    return weights, state, extra
+
+
+def load_weights_into(module: torch.nn.Module, weights: dict[str, Tensor], source: Path) -> None:
+    """Copy ``weights`` into the named parameters of ``module``; every name and shape must match."""
+    params = dict(module.named_parameters())
+    missing = sorted(set(weights) - set(params))
+    if missing:
+        raise CheckpointError(f"checkpoint {source}: weights do not fit this model (e.g. '{missing[0]}')")
+    for name, tensor in weights.items():
+        if params[name].shape != tensor.shape:
+            raise CheckpointError(
+                f"checkpoint {source}: '{name}' has shape {tuple(tensor.shape)}, model has {tuple(params[name].shape)}"
+            )
+        with torch.no_grad():
+            params[name].copy_(tensor)

@@ -1,0 +1,75 @@
+"""Run logging: ``metrics.jsonl`` (one object per iteration) and TensorBoard scalars and image grids."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class RunLogger:
+    """Appends metrics to ``metrics.jsonl`` and mirrors them to TensorBoard under ``tb/``."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True, truncate_after: int | None = None) -> None:
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.writer: Any = None
+        if not enabled:
+            return
+        if truncate_after is not None and self.path.exists():
+            keep = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= truncate_after]
+            self.path.write_text("".join(line + "\n" for line in keep))
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+        step = int(metrics["step"])
+        for key, value in metrics.items():
+            if key != "step" and isinstance(value, int | float) and value is not None:
+                self.writer.add_scalar(key, value, step)
+
+    def images(self, tag: str, images: Tensor, step: int, rows: int) -> None:
+        if self.enabled:
+            self.writer.add_image(tag, image_grid(images, rows), step)
+
+    def histogram(self, tag: str, values: Tensor, step: int) -> None:
+        if self.enabled and values.numel():
+            self.writer.add_histogram(tag, values.detach().float().cpu(), step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+
+
+def image_grid(images: Tensor, rows: int) -> Tensor:
+    """``(B, 3, H, W)`` to one ``(3, rows*H, cols*W)`` grid (row-major)."""
+    b, c, h, w = images.shape
+    rows = max(1, min(rows, b))
+    cols = math.ceil(b / rows)
+    grid = torch.zeros(c, rows * h, cols * w)
+    for i in range(b):
+        r, k = divmod(i, cols)
+        grid[:, r * h : (r + 1) * h, k * w : (k + 1) * w] = images[i].detach().float().cpu()
+    return grid
+
+
+def save_grid_png(images: Tensor, rows: int, path: Path, scale: int = 4) -> None:
+    """Write an image grid as a PNG (nearest-neighbour upscaled for small images)."""
+    from PIL import Image
+
+    grid = (image_grid(images, rows).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    image = Image.fromarray(grid)
+    if scale > 1:
+        image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+    image.save(path)

@@ -1,0 +1,299 @@
+"""The shared training loop. One iteration, in phases:
+
+    prompts -> plan -> rollout -> rewards -> advantages -> policy update -> log / checkpoint
+
+Every method is this loop with different parts; no method has a trainer of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from flowrl.interfaces import Backbone, RewardModel
+from flowrl.recipe import Recipe
+from flowrl.trainer.checkpoint import (
+    find_checkpoint,
+    load_checkpoint,
+    load_weights_into,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from flowrl.trainer.ema import EMA
+from flowrl.trainer.logger import RunLogger, save_grid_png
+from flowrl.trainer.lora import add_lora, adapters_disabled
+from flowrl.trainer.update import StatsMean, no_reference, transition_losses
+from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive iterations produced NaN or inf."""
+
+
+class Trainer:
+    """Builds every part of a recipe and runs the loop; ``run()`` trains to ``trainer.max_steps``."""
+
+    def __init__(self, recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> None:
+        from accelerate import Accelerator
+
+        self.recipe = recipe
+        self.cfg = recipe.trainer
+        self.run_dir = Path(run_dir)
+        self.quiet = quiet
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=self.cfg.mixed_precision)
+        seed_everything(recipe.seed + self.accelerator.process_index)
+        # Rewards first: missing weights or extras fail before the backbone loads.
+        self.rewards = reward_models(recipe)
+        self.prompts = recipe.build("prompts")
+        self.selector = recipe.build("selector")
+        self.sampler = recipe.build("sampler")
+        self.estimator = recipe.build("advantage")
+        self.loss_fn = recipe.build("loss")
+        kernel = recipe.build("kernel")
+        self.backbone: Backbone = recipe.build("backbone")
+        self.backbone.to(self.accelerator.device)  # type: ignore[attr-defined]
+        sampler_cfg = self.sampler.config
+        sigmas = self.backbone.schedule_sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
+        self.schedule = Schedule(sigmas=sigmas, kernel=kernel)
+        self._setup_model()
+        self.generator = torch.Generator().manual_seed(recipe.seed * 1000 + self.accelerator.process_index)
+        self.step = 0
+        self.nfe = 0
+        self.wall = 0.0
+        self.bad_steps = 0
+        self.skipped = 0
+        if self.accelerator.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
+        if resume is not None:
+            self._resume(find_checkpoint(resume))
+        self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, truncate_after=self.step)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _setup_model(self) -> None:
+        transformer = self.backbone.transformer
+        if self.recipe.lora is not None:
+            add_lora(transformer, self.recipe.lora)
+        else:
+            transformer.requires_grad_(True)
+        if self.cfg.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()  # type: ignore[operator]
+        self.named_params = [(n, p) for n, p in transformer.named_parameters() if p.requires_grad]
+        # LoRA parameters stay fp32 whatever the backbone's dtype.
+        for _, p in self.named_params:
+            p.data = p.data.float()
+        o = self.recipe.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.named_params], lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
+        )
+        warmup = max(1, o.warmup_steps)
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: min(1.0, (k + 1) / warmup))
+        module, self.optimizer = self.accelerator.prepare(transformer, self.optimizer)
+        self.backbone.module = module  # type: ignore[attr-defined]
+        self.ema = EMA(self.named_params, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
+        self.reference = (lambda: adapters_disabled(transformer)) if self.recipe.lora is not None else None
+        if self.loss_fn.needs_reference and self.reference is None:
+            self.reference_model = _frozen_copy(transformer)
+            self.reference = lambda: _swapped(self.backbone, self.reference_model)
+        elif self.reference is None:
+            self.reference = no_reference
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> Path:
+        bar = tqdm(
+            total=self.cfg.max_steps,
+            initial=self.step,
+            desc=self.recipe.name,
+            disable=self.quiet or not self.accelerator.is_main_process,
+        )
+        try:
+            while self.step < self.cfg.max_steps:
+                metrics = self.iteration()
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.4f}", nfe=self.nfe)
+                if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+                    self.save()
+        finally:
+            bar.close()
+        self.save()
+        self.logger.close()
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+        return self.run_dir
+
+    def iteration(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        step = self.step
+        # 1. prompts and plan
+        prompts = self.prompts.sample(self.cfg.prompts_per_step, self.generator)
+        plan = self.selector.plan(self.schedule, step, self.generator)
+        # 2. rollout with the current (old) policy
+        self.backbone.module.eval()  # type: ignore[attr-defined]
+        with torch.no_grad():
+            rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, self.generator)
+        t_rollout = time.perf_counter() - t0
+        # 3. rewards and advantages
+        rewards = self.score(rollout)
+        advantages = self.estimator(rewards, rollout)
+        # 4. policy update
+        t1 = time.perf_counter()
+        update = self.update(rollout, advantages, rewards)
+        t_update = time.perf_counter() - t1
+        # 5. bookkeeping
+        self.step += 1
+        self.nfe += rollout.nfe
+        self.wall += time.perf_counter() - t0
+        metrics: dict[str, Any] = {"step": self.step, "wall_s": round(self.wall, 4), "nfe": self.nfe}
+        metrics.update({f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()})
+        metrics["reward/total"] = float(rewards.total.mean())
+        metrics.update(update)
+        metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "lr": self.lr_schedule.get_last_lr()[0]})
+        metrics["skipped_steps"] = self.skipped
+        if self.cfg.log_every and self.step % self.cfg.log_every == 0:
+            self.logger.log(metrics)
+        if self.cfg.image_every and self.step % self.cfg.image_every == 0:
+            self.logger.images("rollouts", rollout.images[:16], self.step, rows=max(1, len(prompts)))
+            self.logger.histogram("advantages", advantages.values, self.step)
+        return metrics
+
+    def score(self, rollout: Rollout) -> RewardBatch:
+        images, texts = rollout.images, rollout.rollout_texts()
+        scores = {name: reward.score(images, texts).float().cpu() for name, _, reward in self.rewards}
+        return RewardBatch(scores=scores, weights={name: w for name, w, _ in self.rewards})
+
+    def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
+        """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped."""
+        transitions = rollout.transitions
+        result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+        if len(transitions) == 0:
+            return result
+        module = self.backbone.module  # type: ignore[attr-defined]
+        module.train()
+        for _ in range(self.cfg.inner_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            stats = StatsMean()
+            total_loss = torch.zeros(())
+            for loss, share, batch_stats in transition_losses(
+                self.backbone, self.schedule.kernel, self.loss_fn, self.schedule, rollout.cond,
+                transitions, advantages.values, self.cfg.train_batch_size, self.reference,
+            ):
+                self.accelerator.backward(loss * share)
+                total_loss = total_loss + loss.detach().cpu() * share
+                stats.add(batch_stats, share)
+            grad_norm = self.accelerator.clip_grad_norm_([p for _, p in self.named_params], self.recipe.optim.max_grad_norm)
+            finite = all(
+                math.isfinite(float(x)) for x in (total_loss, grad_norm, rewards.total.sum(), advantages.values.sum())
+            )
+            if not finite:
+                self._bad_step()
+                self.optimizer.zero_grad(set_to_none=True)
+                result = {"loss": float("nan"), "clip_frac": float("nan"), "grad_norm": float(grad_norm)}
+                break
+            self.bad_steps = 0
+            self.optimizer.step()
+            self.lr_schedule.step()
+            if self.ema is not None:
+                self.ema.update()
+            result = {"loss": float(total_loss), "grad_norm": float(grad_norm), **stats.result()}
+            result.setdefault("clip_frac", 0.0)
+        return result
+
+    def _bad_step(self) -> None:
+        self.bad_steps += 1
+        self.skipped += 1
+        if self.bad_steps >= self.cfg.max_bad_steps:
+            raise NonFiniteError(
+                f"{self.bad_steps} iterations in a row had NaN or inf in rewards, advantages, loss or gradient norm;"
+                f" stopping (trainer.max_bad_steps = {self.cfg.max_bad_steps})"
+            )
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def save(self) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+        folder = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        weights = {n: p for n, p in self.named_params}
+        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped, "recipe": self.recipe.name}
+        extra = {
+            "optimizer": self.optimizer.state_dict(),
+            "lr_schedule": self.lr_schedule.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "rng": rng_state({"main": self.generator}),
+            "components": {"selector": self.selector.state_dict(), "sampler": self.sampler.state_dict()},
+        }
+        path = save_checkpoint(folder, weights, state, extra, self.cfg.keep_checkpoints)
+        (path / "recipe.toml").write_text(self.recipe.to_toml())
+        if self.cfg.image_every:
+            self._sample_grid(path)
+        return path
+
+    def _sample_grid(self, path: Path) -> None:
+        """A grid of deterministic ODE samples for the held-out (or training) prompts, next to the checkpoint."""
+        from flowrl.evaluate import ode_images
+
+        prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
+        images = ode_images(self.backbone, prompts, self.schedule, seed=0)
+        save_grid_png(images, rows=1, path=path / "samples.png")
+
+    def _resume(self, folder: Path) -> None:
+        weights, state, extra = load_checkpoint(folder)
+        load_weights_into(self.backbone.transformer, weights, folder)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.lr_schedule.load_state_dict(extra["lr_schedule"])
+        if self.ema is not None and extra.get("ema") is not None:
+            self.ema.load_state_dict(extra["ema"])
+        set_rng_state(extra["rng"], {"main": self.generator})
+        self.selector.load_state_dict(extra["components"]["selector"])
+        self.sampler.load_state_dict(extra["components"]["sampler"])
+        self.step, self.nfe, self.wall = state["step"], state["nfe"], state["wall_s"]
+        self.skipped = state.get("skipped", 0)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    import copy
+
+    ref = copy.deepcopy(module)
+    ref.requires_grad_(False).eval()
+    return ref
+
+
+class _swapped:
+    """Context manager: the backbone evaluates ``module`` instead of its trained transformer."""
+
+    def __init__(self, backbone: Backbone, module: torch.nn.Module) -> None:
+        self.backbone, self.module = backbone, module
+
+    def __enter__(self) -> None:
+        self.saved = self.backbone.module  # type: ignore[attr-defined]
+        self.backbone.module = self.module  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        self.backbone.module = self.saved  # type: ignore[attr-defined]
+
+
+def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:
+    """Train ``recipe`` into ``run_dir`` (resuming from a run or checkpoint folder if given)."""
+    return Trainer(recipe, run_dir, resume=resume, quiet=quiet).run()
+
+
+def reward_models(recipe: Recipe) -> list[tuple[str, float, RewardModel]]:
+    """The recipe's reward models, built and checked (no backbone needed)."""
+    models = [(r.name, r.weight, r.build()) for r in recipe.rewards]
+    for _, _, model in models:
+        model.check()
+    return models

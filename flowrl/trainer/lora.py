@@ -1,0 +1,36 @@
+"""LoRA adapters (peft) on the backbone's transformer, and the reference policy they make free."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+from flowrl.settings import LoraConfig
+
+
+def add_lora(transformer: nn.Module, config: LoraConfig) -> None:
+    """Freeze the transformer and attach trainable LoRA adapters to ``config.target_modules``."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    transformer.requires_grad_(False)
+    transformer.add_adapter(  # type: ignore[operator]
+        PeftLoraConfig(
+            r=config.rank,
+            lora_alpha=config.alpha,
+            lora_dropout=config.dropout,
+            init_lora_weights="gaussian",
+            target_modules=list(config.target_modules),
+        )
+    )
+
+
+@contextmanager
+def adapters_disabled(transformer: nn.Module) -> Iterator[None]:
+    """The base model (LoRA off) inside the block: the reference policy for KL terms."""
+    transformer.disable_adapters()  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        transformer.enable_adapters()  # type: ignore[operator]

@@ -1,0 +1,91 @@
+"""The policy-update phase: recompute log-densities of recorded transitions and step the optimizer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import Tensor
+
+from flowrl.interfaces import Backbone, PolicyLoss, TransitionKernel, gaussian_log_prob
+from flowrl.types import Conditioning, LossInputs, Schedule, Transitions
+
+
+def input_chunks(transitions: Transitions, batch_inputs: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Micro-batches of distinct inputs, each with the transitions that start from them.
+
+    Yields ``(input_ids, transition_ids)``; every transition appears in exactly one chunk.
+    """
+    order = torch.arange(transitions.num_inputs)
+    for start in range(0, transitions.num_inputs, batch_inputs):
+        ids = order[start : start + batch_inputs]
+        mask = (transitions.input_index >= ids[0]) & (transitions.input_index <= ids[-1])
+        yield ids, mask.nonzero().flatten()
+
+
+def transition_losses(
+    backbone: Backbone,
+    kernel: TransitionKernel,
+    loss_fn: PolicyLoss,
+    schedule: Schedule,
+    cond: Conditioning,
+    transitions: Transitions,
+    advantages: Tensor,
+    batch_inputs: int,
+    reference: Callable[[], AbstractContextManager[None]] | None = None,
+) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
+    """For each micro-batch: (loss, share of all transitions, stats). The caller backpropagates.
+
+    One transformer forward per distinct input serves every transition that starts from it.
+    ``reference`` is a context manager factory under which the backbone is the reference policy.
+    """
+    total = len(transitions)
+    device = transitions.inputs.device
+    for input_ids, t_ids in input_chunks(transitions, batch_inputs):
+        if len(t_ids) == 0:
+            continue
+        x = transitions.inputs[input_ids]
+        s = transitions.input_s[input_ids]
+        c = cond.take(transitions.input_cond[input_ids])
+        v = backbone.velocity(x, s, c)
+        local = transitions.input_index[t_ids] - input_ids[0]
+        s_next = transitions.s_next[t_ids]
+        mean, std = kernel.mean_std(x[local].float(), v[local], s[local], s_next, schedule.s_at_one)
+        ref_mean = None
+        if loss_fn.needs_reference and reference is not None:
+            with torch.no_grad(), reference():
+                v_ref = backbone.velocity(x, s, c)
+            ref_mean = kernel.mean_std(x[local].float(), v_ref[local], s[local], s_next, schedule.s_at_one)[0]
+        batch = LossInputs(
+            log_prob=gaussian_log_prob(transitions.x_next[t_ids], mean, std),
+            old_log_prob=transitions.log_prob[t_ids].to(device),
+            advantages=advantages[transitions.rollout_index[t_ids]].to(device),
+            weight=transitions.weight[t_ids].to(device),
+            mean=mean,
+            std=std,
+            ref_mean=ref_mean,
+        )
+        loss, stats = loss_fn(batch)
+        yield loss, len(t_ids) / total, stats
+
+
+class StatsMean:
+    """Share-weighted means of per-micro-batch statistics."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.weight = 0.0
+
+    def add(self, stats: dict[str, float], share: float) -> None:
+        for key, value in stats.items():
+            self.sums[key] += float(value) * share
+        self.weight += share
+
+    def result(self) -> dict[str, float]:
+        return {k: v / self.weight for k, v in self.sums.items()} if self.weight else {}
+
+
+def no_reference() -> AbstractContextManager[None]:
+    return nullcontext()

@@ -1,0 +1,206 @@
+"""The typed batches that flow between parts: a plan, a rollout, rewards, advantages.
+
+Components see data only through these objects. A component that needs more data adds an optional
+field here and declares that it needs it; the trainer never inspects a component's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+from torch import Tensor
+
+
+@attrs.frozen
+class Unit:
+    """One stochastic (SDE) transition: a jump from step ``start`` over ``merge`` grid steps.
+
+    ``merge = 1`` is an ordinary SDE step; ``merge > 1`` merges steps ``start .. start + merge`` into one
+    Euler-Maruyama jump (E-GRPO). The trajectory resumes at step ``end = start + merge``.
+    """
+
+    start: int
+    merge: int = 1
+
+    @property
+    def end(self) -> int:
+        return self.start + self.merge
+
+
+@attrs.frozen
+class Schedule:
+    """The noise levels ``sigmas[0] = 1 > ... > sigmas[N] = 0`` of one sampling run and its SDE kernel."""
+
+    sigmas: tuple[float, ...]
+    kernel: Any  # TransitionKernel; typed loosely to avoid an import cycle
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.sigmas) - 1
+
+    def tensor(self) -> Tensor:
+        return torch.tensor(self.sigmas, dtype=torch.float32)
+
+    @property
+    def s_at_one(self) -> float:
+        """The grid's second value, used where ``1 - s`` would be 0 at ``s = 1`` (Flow-GRPO's guard)."""
+        return self.sigmas[1]
+
+
+@attrs.define
+class Plan:
+    """What the selector decided for one iteration: the SDE units and which of them are trained.
+
+    Steps not covered by a unit are deterministic ODE steps. ``trained`` indexes ``units``.
+    """
+
+    units: tuple[Unit, ...]
+    trained: tuple[int, ...]
+    info: dict[str, Any] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        ends = [u.start for u in self.units]
+        if ends != sorted(ends):
+            raise ValueError(f"plan units must be ordered by start step: {self.units}")
+        if any(not 0 <= t < len(self.units) for t in self.trained):
+            raise ValueError(f"trained indices {self.trained} out of range for {len(self.units)} units")
+
+    def unit_at(self, step: int) -> Unit | None:
+        for unit in self.units:
+            if unit.start == step:
+                return unit
+        return None
+
+
+@attrs.define
+class Conditioning:
+    """Backbone-specific prompt conditioning, one row per prompt; ``take`` selects rows."""
+
+    tensors: dict[str, Tensor]
+
+    def take(self, index: Tensor) -> Conditioning:
+        return Conditioning({k: v.index_select(0, index.to(v.device)) for k, v in self.tensors.items()})
+
+    def __len__(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
+
+
+@attrs.define
+class Transitions:
+    """The trained transitions of a rollout.
+
+    Inputs are stored once per distinct (latent, step): when G rollouts leave the same latent (E-GRPO's
+    shared anchor), one transformer forward at training time serves all of them. Transition ``t`` starts
+    from ``inputs[input_index[t]]`` at noise level ``input_s[input_index[t]]`` and lands on ``x_next[t]``
+    at ``s_next[t]``, with old log-density ``log_prob[t]`` (fp32, averaged over dimensions).
+    """
+
+    inputs: Tensor  # (I, *latent)
+    input_s: Tensor  # (I,)
+    input_cond: Tensor  # (I,) long: prompt row in Rollout.cond
+    input_index: Tensor  # (T,) long
+    s_next: Tensor  # (T,)
+    x_next: Tensor  # (T, *latent)
+    log_prob: Tensor  # (T,)
+    rollout_index: Tensor  # (T,) long: whose advantage trains this transition
+    unit_index: Tensor  # (T,) long: index into Plan.units
+    weight: Tensor  # (T,) per-transition loss weight (1 unless a method weights steps)
+
+    def __len__(self) -> int:
+        return int(self.input_index.shape[0])
+
+    @property
+    def num_inputs(self) -> int:
+        return int(self.inputs.shape[0])
+
+    @staticmethod
+    def concat(parts: list[Transitions]) -> Transitions:
+        """Join transitions, re-basing each part's input indices."""
+        if not parts:
+            raise ValueError("no transitions to concatenate")
+        offset, shifted = 0, []
+        for part in parts:
+            shifted.append(part.input_index + offset)
+            offset += part.num_inputs
+        return Transitions(
+            inputs=torch.cat([p.inputs for p in parts]),
+            input_s=torch.cat([p.input_s for p in parts]),
+            input_cond=torch.cat([p.input_cond for p in parts]),
+            input_index=torch.cat(shifted),
+            s_next=torch.cat([p.s_next for p in parts]),
+            x_next=torch.cat([p.x_next for p in parts]),
+            log_prob=torch.cat([p.log_prob for p in parts]),
+            rollout_index=torch.cat([p.rollout_index for p in parts]),
+            unit_index=torch.cat([p.unit_index for p in parts]),
+            weight=torch.cat([p.weight for p in parts]),
+        )
+
+
+@attrs.define
+class Rollout:
+    """A batch of generated images with the structure the estimator and the loss need.
+
+    ``group[r]`` names the set of rollouts that rollout ``r`` is normalised against (a prompt for
+    independent sampling, a (prompt, unit) pair for E-GRPO). ``nfe`` counts transformer evaluations.
+    """
+
+    prompts: list[str]  # P distinct prompts
+    cond: Conditioning  # P rows
+    images: Tensor  # (R, 3, H, W) in [0, 1]
+    rollout_prompt: Tensor  # (R,) long
+    group: Tensor  # (R,) long
+    transitions: Transitions
+    nfe: int
+    rollout_unit: Tensor | None = None  # (R,) long: the unit a rollout explored (branching samplers)
+
+    @property
+    def num_rollouts(self) -> int:
+        return int(self.images.shape[0])
+
+    def rollout_texts(self) -> list[str]:
+        return [self.prompts[int(i)] for i in self.rollout_prompt]
+
+
+@attrs.define
+class RewardBatch:
+    """Named reward scores per rollout and their weights; ``total`` is the weighted sum."""
+
+    scores: dict[str, Tensor]
+    weights: dict[str, float]
+
+    @property
+    def total(self) -> Tensor:
+        return sum(self.weights[k] * v for k, v in self.scores.items())  # type: ignore[return-value]
+
+
+@attrs.define
+class Advantages:
+    """One advantage per rollout, plus the per-reward advantages for logging."""
+
+    values: Tensor  # (R,)
+    per_reward: dict[str, Tensor] = attrs.field(factory=dict)
+
+
+@attrs.define
+class StepOutput:
+    """One kernel transition: the next latent, the Gaussian's mean and std, and the log-density."""
+
+    next: Tensor
+    mean: Tensor
+    std: Tensor
+    log_prob: Tensor
+
+
+@attrs.define
+class LossInputs:
+    """What a policy loss sees for a minibatch of transitions (all fp32)."""
+
+    log_prob: Tensor
+    old_log_prob: Tensor
+    advantages: Tensor
+    weight: Tensor
+    mean: Tensor
+    std: Tensor
+    ref_mean: Tensor | None = None

@@ -1,0 +1,245 @@
+"""The verifier: a reward in [0, 1] for how well an image meets a prompt's constraints.
+
+Detection: a pixel's chroma is its RGB minus its grey level (the mean of its channels), so blending an
+object with a grey background scales the object's chroma. A pixel belongs to the colour whose chroma
+direction is nearest (within :data:`MAX_ANGLE` degrees) if its chroma along that direction is at least
+:data:`COVERAGE` of the colour's own, i.e. anti-aliased or blurred edges split near 50% coverage
+whatever the background's brightness. Same-colour pixels form 8-connected components; components smaller than
+:data:`MIN_AREA` (scaled with image area) are specks and ignored. A component's shape comes from its
+bounding box: a triangle tapers (its top or bottom third, or its left or right third, is under 55% as full
+as the opposite third), a square fills >= 88% of its box, a circle 60-88%; anything else (or a box of
+aspect beyond 1:1.7) is an unknown shape.
+
+Constraints (the score is the fraction met, ``strict`` is 1 when all are met), per object group:
+``COLOUR present`` (any object of that colour), ``COLOUR SHAPE present`` and ``COLOUR SHAPE count == n``;
+then ``relation`` if the prompt has one (some subject/object pair has centroids apart by more than
+:data:`RELATION_MARGIN` px along the relation's axis, and more along it than across it); and last
+``no extra objects`` (every detected object has a (colour, shape) named by the prompt; a blank image
+meets this one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from flowrl.world.grammar import COLOUR_NAMES, COLOURS, RELATION_AXES, Scene
+
+COVERAGE = 0.5  # fraction of a colour's chroma a pixel needs to belong to it
+MAX_ANGLE = 30.0  # degrees between a pixel's chroma and its colour's
+MIN_AREA = 12.0  # pixels at 32 x 32
+SOFT_FLOOR = 0.15  # coverage below this counts as none (background noise)
+TRIANGLE_SKEW = 0.2  # |skewness| along x or y above which a blob is a triangle
+SQUARE_RATIO = 0.86  # separability ratio above which a non-tapering blob is a square
+RELATION_MARGIN = 2.0  # pixels at 32 x 32
+_PROTOTYPES = np.asarray([COLOURS[c] for c in COLOUR_NAMES], dtype=np.float32)
+_CHROMA_VECTORS = _PROTOTYPES - _PROTOTYPES.mean(-1, keepdims=True)
+_CHROMA = np.linalg.norm(_CHROMA_VECTORS, axis=-1)
+_UNITS = _CHROMA_VECTORS / _CHROMA[:, None]
+_MAX_COS = float(np.cos(np.radians(MAX_ANGLE)))
+_SHIFTS = [(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1) if (dy, dx) != (0, 0)]
+
+
+@attrs.frozen
+class Detection:
+    """One detected object: colour, shape (``None``: unknown), area and centroid ``(x, y)`` in pixels."""
+
+    colour: str
+    shape: str | None
+    area: int
+    centroid: tuple[float, float]
+    box: tuple[int, int, int, int]  # x0, y0, x1, y1 (inclusive)
+
+
+@attrs.frozen
+class Verdict:
+    """The verifier's answer: ``score`` in [0, 1], ``strict`` in {0, 1} and each named constraint."""
+
+    score: float
+    strict: int
+    constraints: tuple[tuple[str, bool], ...]
+    detections: tuple[Detection, ...]
+
+
+def _as_rgb255(image: Any) -> np.ndarray:
+    """One image (HxWx3 uint8, or float in [0, 1], or 3xHxW float) as float32 HxWx3 in [0, 255]."""
+    if hasattr(image, "detach"):  # a torch tensor
+        image = image.detach().float().cpu().numpy()
+    arr = np.asarray(image)
+    if arr.ndim != 3:
+        raise ValueError(f"expected one image of 3 dims, got shape {arr.shape}")
+    if arr.shape[-1] != 3 and arr.shape[0] == 3:
+        arr = np.moveaxis(arr, 0, -1)
+    if arr.shape[-1] != 3:
+        raise ValueError(f"expected 3 colour channels, got shape {arr.shape}")
+    if arr.dtype == np.uint8:
+        return arr.astype(np.float32)
+    return np.clip(arr.astype(np.float32), 0.0, 1.0) * 255.0
+
+
+def colour_map(image: Any) -> np.ndarray:
+    """Per-pixel colour index into :data:`COLOUR_NAMES` (int8), ``-1`` for background."""
+    return _analyse(_as_rgb255(image))[0]
+
+
+def _member(chroma: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Colour map and coverage ``(H, W, C)`` of pixels' ``chroma`` over a background chroma ``base``."""
+    rel = chroma - base
+    proj = rel @ _UNITS.T
+    cover = proj / np.maximum(_CHROMA - _UNITS @ base, 1.0)  # blend fraction of each colour
+    best = proj.argmax(-1)
+    along = np.take_along_axis(proj, best[..., None], -1)[..., 0]
+    best_cover = np.take_along_axis(cover, best[..., None], -1)[..., 0]
+    member = (best_cover >= COVERAGE) & (along >= _MAX_COS * np.linalg.norm(rel, axis=-1))
+    return np.where(member, best, -1).astype(np.int8), np.clip(cover, 0.0, 1.0)
+
+
+def _analyse(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The colour map and each colour's soft coverage ``(H, W, C)`` in [0, 1].
+
+    The background's chroma (the median over non-object pixels, so a tinted background) is subtracted.
+    """
+    chroma = rgb - rgb.mean(-1, keepdims=True)  # drop the grey component: blends with grey are linear here
+    cmap, _ = _member(chroma, np.zeros(3, dtype=np.float32))
+    background = chroma[cmap < 0]
+    base = np.median(background, axis=0) if len(background) else np.zeros(3, dtype=np.float32)
+    return _member(chroma, base.astype(np.float32))
+
+
+def label_components(cmap: np.ndarray) -> np.ndarray:
+    """8-connected same-colour components of a colour map: labels (int), ``-1`` for background."""
+    h, w = cmap.shape
+    big = h * w
+    labels = np.where(cmap >= 0, np.arange(big).reshape(h, w), big)
+    padded = np.pad(cmap, 1, constant_values=-1)
+    links = []
+    for dy, dx in _SHIFTS:
+        same = (padded[1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w] == cmap) & (cmap >= 0)
+        if same.any():
+            links.append((dy, dx, same))
+    while True:
+        lp = np.pad(labels, 1, constant_values=big)
+        new = labels
+        for dy, dx, same in links:
+            new = np.where(same, np.minimum(new, lp[1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]), new)
+        if np.array_equal(new, labels):
+            return np.where(labels == big, -1, labels)
+        labels = new
+
+
+def classify_shape(mask: np.ndarray, soft: np.ndarray) -> str | None:
+    """Shape of one component from its bool ``mask`` (cropped to its bounding box) and its soft coverage
+    ``soft`` (float, the box grown by 1 px each side); ``None`` when no shape fits.
+
+    Moments of the soft coverage survive blur: a triangle's mass is skewed towards its base (skewness
+    -0.57 along its axis, about -0.45 after pixelisation and mild blur; circles and squares have 0). An
+    axis-aligned square is separable, ``E[x^2 y^2] = E[x^2] E[y^2]`` (ratio 1, kept by any blur), while a
+    disc has ratio 2/3 (about 0.7 after pixelisation and mild blur).
+    """
+    h, w = mask.shape
+    mass = float(soft.sum())
+    if min(h, w) < 3 or not 1 / 1.7 <= w / h <= 1.7 or mass <= 0:
+        return None
+    fill = mass / (h * w)
+    ys, xs = np.indices(soft.shape, dtype=np.float64)
+    dx = xs - (xs * soft).sum() / mass
+    dy = ys - (ys * soft).sum() / mass
+    vx, vy = (dx**2 * soft).sum() / mass, (dy**2 * soft).sum() / mass
+    skew = max(abs((dx**3 * soft).sum() / mass) / vx**1.5, abs((dy**3 * soft).sum() / mass) / vy**1.5)
+    if skew >= TRIANGLE_SKEW:
+        return "triangle" if 0.3 <= fill <= 0.9 else None
+    if fill < 0.55:
+        return None
+    ratio = (dx**2 * dy**2 * soft).sum() / mass / (vx * vy)
+    return "square" if ratio >= SQUARE_RATIO else "circle"
+
+
+def detect(image: Any) -> list[Detection]:
+    """Every object (component of at least the minimum area) in one image."""
+    return _detect(_as_rgb255(image))
+
+
+def _detect(rgb: np.ndarray) -> list[Detection]:
+    cmap, cover = _analyse(rgb)
+    labels = label_components(cmap)
+    h, w = cmap.shape
+    min_area = MIN_AREA * h * w / 1024.0
+    ids, counts = np.unique(labels[labels >= 0], return_counts=True)
+    out: list[Detection] = []
+    for lab, area in zip(ids.tolist(), counts.tolist(), strict=True):
+        if area < min_area:
+            continue
+        ys, xs = np.nonzero(labels == lab)
+        y0, y1, x0, x1 = int(ys.min()), int(ys.max()), int(xs.min()), int(xs.max())
+        k = int(cmap[ys[0], xs[0]])
+        # soft coverage of this colour around the component, without other components' pixels
+        own = (labels == lab) | (labels < 0)
+        soft = np.pad(np.where(own & (cover[:, :, k] >= SOFT_FLOOR), cover[:, :, k], 0.0), 1)
+        soft = soft[y0 : y1 + 3, x0 : x1 + 3]
+        shape = classify_shape(labels[y0 : y1 + 1, x0 : x1 + 1] == lab, soft)
+        centroid = (float(xs.mean()) + 0.5, float(ys.mean()) + 0.5)
+        out.append(Detection(COLOUR_NAMES[k], shape, int(area), centroid, (x0, y0, x1, y1)))
+    return out
+
+
+def _relation_met(relation: str, subjects: list[Detection], objects: list[Detection], margin: float) -> bool:
+    axis, sign = RELATION_AXES[relation]
+    for s in subjects:
+        for o in objects:
+            d_axis = sign * (o.centroid[axis] - s.centroid[axis])
+            if d_axis > margin and d_axis > abs(o.centroid[1 - axis] - s.centroid[1 - axis]):
+                return True
+    return False
+
+
+def check(detections: Sequence[Detection], scene: Scene, size: int = 32) -> Verdict:
+    """Score detected objects against the scene's constraints (see the module docstring)."""
+    constraints: list[tuple[str, bool]] = []
+    for g in scene.groups:
+        matching = [d for d in detections if (d.colour, d.shape) == g.pair]
+        constraints.append((f"{g.colour} present", any(d.colour == g.colour for d in detections)))
+        constraints.append((f"{g.colour} {g.shape} present", bool(matching)))
+        constraints.append((f"{g.colour} {g.shape} count == {g.count}", len(matching) == g.count))
+    if scene.relation is not None:
+        rel = scene.relation
+        subj, obj = scene.groups[rel.subject], scene.groups[rel.object]
+        met = _relation_met(
+            rel.relation,
+            [d for d in detections if (d.colour, d.shape) == subj.pair],
+            [d for d in detections if (d.colour, d.shape) == obj.pair],
+            RELATION_MARGIN * size / 32.0,
+        )
+        constraints.append(("relation", met))
+    named = {g.pair for g in scene.groups}
+    constraints.append(("no extra objects", all((d.colour, d.shape) in named for d in detections)))
+    met_count = sum(ok for _, ok in constraints)
+    strict = int(met_count == len(constraints))
+    return Verdict(met_count / len(constraints), strict, tuple(constraints), tuple(detections))
+
+
+def verify(image: Any, scene: Scene) -> Verdict:
+    """Verify one image (HxWx3 uint8 or float in [0, 1], or 3xHxW float) against ``scene``."""
+    rgb = _as_rgb255(image)
+    return check(_detect(rgb), scene, size=rgb.shape[0])
+
+
+def score_batch(images: Any, scenes: Sequence[Scene]) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and strict flags (both float32 ``(B,)``) for a batch.
+
+    ``images`` is a torch tensor or numpy array, ``(B, 3, H, W)`` float in [0, 1] (clipped; model outputs)
+    or ``(B, H, W, 3)`` uint8 (or float in [0, 1]).
+    """
+    if hasattr(images, "detach"):
+        images = images.detach().float().cpu().numpy()
+    arr = np.asarray(images)
+    if arr.ndim != 4 or len(arr) != len(scenes):
+        raise ValueError(f"expected a (B, ...) batch of {len(scenes)} images, got shape {arr.shape}")
+    scores = np.empty(len(arr), dtype=np.float32)
+    strict = np.empty(len(arr), dtype=np.float32)
+    for i, (image, scene) in enumerate(zip(arr, scenes, strict=True)):
+        verdict = verify(image, scene)
+        scores[i], strict[i] = verdict.score, verdict.strict
+    return scores, strict
