@@ -33,9 +33,17 @@ def evaluate(
     schedule: Schedule,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Mean reward per named reward on ODE samples, and the NFE spent."""
+    """Each reward's evaluation figures on ODE samples (``name/score``, ...), and the NFE spent.
+
+    With a single reward its figures also appear unprefixed (``score``, ``strict`` for the world).
+    """
     nfe0 = backbone.nfe
     images = ode_images(backbone, prompts, schedule, seed)
-    result = {name: float(model.score(images, prompts).mean()) for name, _, model in rewards}
+    result: dict[str, float] = {}
+    for name, _, model in rewards:
+        figures = model.eval_metrics(images, prompts)
+        result.update({f"{name}/{key}": value for key, value in figures.items()})
+        if len(rewards) == 1:
+            result.update(figures)
     result["nfe"] = backbone.nfe - nfe0
     return result

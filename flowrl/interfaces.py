@@ -102,10 +102,12 @@ class TimestepSelector(Component, ABC):
 class Backbone(Component, ABC):
     """A flow-matching text-to-image model behind one small interface (velocity in, images out).
 
-    ``nfe`` counts transformer evaluations (one per latent row per call of :meth:`velocity`).
+    ``nfe`` counts transformer evaluations (one per latent row per call of :meth:`velocity`); ``module`` is
+    the callable transformer (the trainer may replace it with a distributed wrapper).
     """
 
     nfe: int = 0
+    forward_s: float = 0.0  # seconds spent in transformer forwards (for the time-outside-the-model share)
 
     @property
     @abstractmethod
@@ -158,6 +160,10 @@ class RewardModel(Component, ABC):
     @abstractmethod
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
         """Scores ``(B,)`` for images ``(B, 3, H, W)`` in [0, 1]."""
+
+    def eval_metrics(self, images: Tensor, prompts: list[str]) -> dict[str, float]:
+        """Evaluation figures for a batch; by default the mean score as ``score``."""
+        return {"score": float(self.score(images, prompts).mean())}
 
 
 class AdvantageEstimator(Component, ABC):

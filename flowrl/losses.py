@@ -60,7 +60,7 @@ class PPOClip(PolicyLoss):
                 "clip_frac": float(((ratio - 1.0).abs() > e).float().mean()),
                 "approx_kl": float(0.5 * diff.square().mean()),
                 "ratio_mean": float(ratio.mean()),
-                "policy_loss": float(loss),
+                "policy_loss": float(loss.detach()),
             }
         if self.config.kl_beta > 0 and batch.ref_mean is not None:
             kl = gaussian_mean_kl(batch.mean, batch.ref_mean, batch.std)

@@ -28,6 +28,7 @@ class TrainerConfig:
     """The shared loop's settings (``[trainer]``)."""
 
     max_steps: int = attrs.field(default=100, validator=positive)  # iterations (one optimizer step each)
+    max_nfe: int = attrs.field(default=0, validator=ge(0))  # stop once rollouts used this many evaluations; 0: no limit
     prompts_per_step: int = attrs.field(default=4, validator=positive)  # prompts per iteration per process
     train_batch_size: int = attrs.field(default=64, validator=positive)  # transformer inputs per micro-batch
     inner_epochs: int = attrs.field(default=1, validator=positive)  # passes over each rollout batch
@@ -37,8 +38,9 @@ class TrainerConfig:
     image_every: int = attrs.field(default=10, validator=ge(0))  # TensorBoard image grids; 0 disables
     checkpoint_every: int = attrs.field(default=50, validator=ge(0))  # 0: only the final checkpoint
     keep_checkpoints: int = attrs.field(default=2, validator=positive)
-    eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation; 0 disables
-    eval_prompts: int = attrs.field(default=32, validator=positive)  # how many held-out prompts to score
+    eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation every k iterations; 0 disables
+    eval_prompts: int = attrs.field(default=64, validator=positive)  # how many held-out prompts to score
+    eval_seed: int = 0  # initial noise of the evaluation samples
     max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
     gradient_checkpointing: bool = False
 

@@ -22,7 +22,8 @@ def test_matches_diffusers(num_steps: int, shift: float) -> None:
 
 def test_formula_by_hand() -> None:
     # N = 4, k = 3: u = 0.75 -> 2.25 / 2.5 = 0.9; u = 0.5 -> 1.5 / 2 = 0.75; u = 0.25 -> 0.75 / 1.5 = 0.5.
-    torch.testing.assert_close(shifted_sigmas(4, 3.0), torch.tensor([1.0, 0.9, 0.75, 0.5, 0.0], dtype=torch.float64))
+    want = torch.tensor([1.0, 0.9, 0.75, 0.5, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(shifted_sigmas(4, 3.0), want)
 
 
 def test_rejects_bad_arguments() -> None:

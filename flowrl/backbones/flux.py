@@ -7,7 +7,9 @@ modules; algorithms see velocities and images.
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +41,7 @@ class FluxAdapter(Backbone):
         self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
         self.device = torch.device("cpu")
         self.nfe = 0
+        self.forward_s = 0.0  # wall time inside the transformer's forward
         self._cache: dict[str, tuple[Tensor, Tensor]] = {}
         self._text_ids: Tensor | None = None
         h = self.latent_grid()
@@ -104,6 +107,7 @@ class FluxAdapter(Backbone):
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:
             guidance = torch.full((x.shape[0],), self.config.guidance, device=x.device, dtype=torch.float32)
+        start = time.perf_counter()
         out = self.module(
             hidden_states=x.to(self.dtype),
             timestep=s.to(self.dtype),
@@ -114,6 +118,7 @@ class FluxAdapter(Backbone):
             img_ids=self._img_ids,
             return_dict=False,
         )[0]
+        self.forward_s += time.perf_counter() - start
         return out.float()  # type: ignore[no-any-return]
 
     def decode(self, x: Tensor) -> Tensor:
@@ -168,5 +173,11 @@ class FluxFromPretrained(FluxAdapter):
         from diffusers import FluxPipeline
 
         path = self.config.path
-        local = Path(path).exists()
-        return FluxPipeline.from_pretrained(path, local_files_only=local, torch_dtype=torch.float32)
+        folder = Path(path)
+        kwargs: dict[str, Any] = {}
+        index = folder / "model_index.json"
+        if index.exists() and json.loads(index.read_text()).get("vae") in (None, [None, None]):
+            kwargs["vae"] = None  # a pixel-space pipeline (diffusers needs vae=None said explicitly)
+        return FluxPipeline.from_pretrained(
+            path, local_files_only=folder.exists(), torch_dtype=torch.float32, **kwargs
+        )

@@ -5,7 +5,8 @@
 embeddings), two word-level tokenizers from :func:`flowrl.backbones.tokenizer.build_word_tokenizer`, a
 ``FlowMatchEulerDiscreteScheduler`` and either no VAE (pixel space) or a tiny ``AutoencoderKL``.
 Everything is float32 and builds in milliseconds; the result saves with ``save_pretrained`` and loads with
-``FluxPipeline.from_pretrained(folder, local_files_only=True)``.
+``FluxPipeline.from_pretrained(folder, local_files_only=True)`` (add ``vae=None`` for a pixel-space one),
+or with :func:`load_tiny_flux`, which does that itself.
 """
 
 from __future__ import annotations

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from collections.abc import Sequence
 
-from flowrl.cli import commands
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+
+from flowrl.cli import commands  # noqa: E402
 
 
 class UserError(Exception):
@@ -53,11 +58,15 @@ def parser() -> argparse.ArgumentParser:
     sm.add_argument("--out", default="samples.png")
     sm.add_argument("--seed", type=int, default=0)
     sm.set_defaults(func=commands.sample)
+    from flowrl.bench.cli import configure as configure_bench
+    from flowrl.world.pretrain_cli import configure as configure_pretrain
+
+    configure_pretrain(sub.add_parser("pretrain", help="pre-train the embedded world's base model by flow matching"))
+    configure_bench(sub.add_parser("bench", help="run recipes x seeds on the embedded benchmark; write a report"))
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -115,7 +115,9 @@ class Trainer:
             disable=self.quiet or not self.accelerator.is_main_process,
         )
         try:
-            while self.step < self.cfg.max_steps:
+            if self.cfg.eval_every and self.step == 0:
+                self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **self.evaluate()})
+            while self.step < self.cfg.max_steps and not (self.cfg.max_nfe and self.nfe >= self.cfg.max_nfe):
                 metrics = self.iteration()
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.4f}", nfe=self.nfe)
@@ -131,6 +133,7 @@ class Trainer:
 
     def iteration(self) -> dict[str, Any]:
         t0 = time.perf_counter()
+        forward0 = self.backbone.forward_s
         step = self.step
         # 1. prompts and plan
         prompts = self.prompts.sample(self.cfg.prompts_per_step, self.generator)
@@ -147,22 +150,41 @@ class Trainer:
         t1 = time.perf_counter()
         update = self.update(rollout, advantages, rewards)
         t_update = time.perf_counter() - t1
-        # 5. bookkeeping
+        # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
         self.nfe += rollout.nfe
-        self.wall += time.perf_counter() - t0
+        t_iter = time.perf_counter() - t0
+        self.wall += t_iter
+        t_model = self.backbone.forward_s - forward0 + update.pop("time/backward_s", 0.0)
         metrics: dict[str, Any] = {"step": self.step, "wall_s": round(self.wall, 4), "nfe": self.nfe}
         metrics.update({f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()})
         metrics["reward/total"] = float(rewards.total.mean())
         metrics.update(update)
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "lr": self.lr_schedule.get_last_lr()[0]})
+        metrics.update({"time/iteration_s": t_iter, "time/transformer_s": t_model,
+                        "time/outside_share": max(0.0, 1 - t_model / t_iter), "mem/peak_mb": peak_memory_mb()})
         metrics["skipped_steps"] = self.skipped
+        if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+            metrics.update(self.evaluate())
         if self.cfg.log_every and self.step % self.cfg.log_every == 0:
             self.logger.log(metrics)
         if self.cfg.image_every and self.step % self.cfg.image_every == 0:
             self.logger.images("rollouts", rollout.images[:16], self.step, rows=max(1, len(prompts)))
             self.logger.histogram("advantages", advantages.values, self.step)
         return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out figures of the current policy (deterministic ODE samples), keys ``eval/...``."""
+        from flowrl.evaluate import evaluate
+
+        prompts = self.prompts.heldout()[: self.cfg.eval_prompts]
+        if not prompts:
+            return {}
+        self.backbone.module.eval()  # type: ignore[attr-defined]
+        nfe = self.backbone.nfe
+        result = evaluate(self.backbone, prompts, self.rewards, self.schedule, self.cfg.eval_seed)
+        self.backbone.nfe = nfe  # evaluation is not part of the training budget
+        return {f"eval/{k}": v for k, v in result.items() if k != "nfe"}
 
     def score(self, rollout: Rollout) -> RewardBatch:
         images, texts = rollout.images, rollout.rollout_texts()
@@ -177,6 +199,7 @@ class Trainer:
             return result
         module = self.backbone.module  # type: ignore[attr-defined]
         module.train()
+        backward_s = 0.0
         for _ in range(self.cfg.inner_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             stats = StatsMean()
@@ -185,7 +208,9 @@ class Trainer:
                 self.backbone, self.schedule.kernel, self.loss_fn, self.schedule, rollout.cond,
                 transitions, advantages.values, self.cfg.train_batch_size, self.reference,
             ):
+                start = time.perf_counter()
                 self.accelerator.backward(loss * share)
+                backward_s += time.perf_counter() - start
                 total_loss = total_loss + loss.detach().cpu() * share
                 stats.add(batch_stats, share)
             grad_norm = self.accelerator.clip_grad_norm_([p for _, p in self.named_params], self.recipe.optim.max_grad_norm)
@@ -204,6 +229,7 @@ class Trainer:
                 self.ema.update()
             result = {"loss": float(total_loss), "grad_norm": float(grad_norm), **stats.result()}
             result.setdefault("clip_frac", 0.0)
+            result["time/backward_s"] = backward_s
         return result
 
     def _bad_step(self) -> None:
@@ -256,6 +282,15 @@ class Trainer:
         self.sampler.load_state_dict(extra["components"]["sampler"])
         self.step, self.nfe, self.wall = state["step"], state["nfe"], state["wall_s"]
         self.skipped = state.get("skipped", 0)
+
+
+def peak_memory_mb() -> float:
+    """Peak memory so far: the GPU allocator's peak on CUDA, else the process's peak resident set."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def seed_everything(seed: int) -> None:

@@ -37,7 +37,12 @@ COLOUR_NAMES: tuple[str, ...] = tuple(COLOURS)
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
 # relation -> (axis: 0 = x / 1 = y, sign): it holds when sign * (object - subject) along axis is > 0.
-RELATION_AXES: dict[str, tuple[int, int]] = {"left of": (0, 1), "right of": (0, -1), "above": (1, 1), "below": (1, -1)}
+RELATION_AXES: dict[str, tuple[int, int]] = {
+    "left of": (0, 1),
+    "right of": (0, -1),
+    "above": (1, 1),
+    "below": (1, -1),
+}
 COUNT_WORDS: dict[int, str] = {1: "a", 2: "two", 3: "three"}
 KINDS: tuple[str, ...] = ("single", "count", "pair", "relation")
 SPLITS: tuple[str, ...] = ("train", "heldout")
@@ -123,7 +128,9 @@ def _parse_group(words: list[str], i: int, text: str) -> tuple[ObjectGroup, int]
     count_word, colour, noun = words[i : i + 3]
     counts = {w: c for c, w in COUNT_WORDS.items()}
     if count_word not in counts:
-        raise ValueError(f"prompt {text!r}: unknown count word {count_word!r} (expected one of {list(counts)})")
+        raise ValueError(
+            f"prompt {text!r}: unknown count word {count_word!r} (expected one of {list(counts)})"
+        )
     if colour not in COLOURS:
         raise ValueError(f"prompt {text!r}: unknown colour {colour!r} (expected one of {list(COLOUR_NAMES)})")
     count = counts[count_word]

@@ -122,7 +122,7 @@ def render(scene: Scene, rng: np.random.Generator, size: int = 32) -> np.ndarray
 
 
 def render_batch(scenes: Sequence[Scene], seed: int, size: int = 32) -> np.ndarray:
-    """Render a batch as uint8 ``(B, size, size, 3)``; image ``i`` depends only on ``(seed, i, scenes[i])``."""
+    """Render a batch as uint8 ``(B, size, size, 3)``; image ``i`` depends only on ``seed, i, scenes[i]``."""
     out = np.empty((len(scenes), size, size, 3), dtype=np.uint8)
     for i, scene in enumerate(scenes):
         out[i] = render(scene, np.random.default_rng((seed, i)), size)

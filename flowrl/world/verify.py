@@ -1,14 +1,13 @@
 """The verifier: a reward in [0, 1] for how well an image meets a prompt's constraints.
 
-Detection: a pixel's chroma is its RGB minus its grey level (the mean of its channels), so blending an
-object with a grey background scales the object's chroma. A pixel belongs to the colour whose chroma
-direction is nearest (within :data:`MAX_ANGLE` degrees) if its chroma along that direction is at least
-:data:`COVERAGE` of the colour's own, i.e. anti-aliased or blurred edges split near 50% coverage
-whatever the background's brightness. Same-colour pixels form 8-connected components; components smaller than
-:data:`MIN_AREA` (scaled with image area) are specks and ignored. A component's shape comes from its
-bounding box: a triangle tapers (its top or bottom third, or its left or right third, is under 55% as full
-as the opposite third), a square fills >= 88% of its box, a circle 60-88%; anything else (or a box of
-aspect beyond 1:1.7) is an unknown shape.
+Detection: a pixel's chroma is its RGB minus its grey level (the mean of its channels), less the
+background's chroma (the median over non-object pixels), so blending an object with the background
+scales the object's chroma. A pixel belongs to the colour whose chroma direction is nearest (within
+:data:`MAX_ANGLE` degrees) if its chroma along it is at least :data:`COVERAGE` of the colour's own, so
+anti-aliased or blurred edges split near 50% coverage on any background. Same-colour pixels form
+8-connected components; those under :data:`MIN_AREA` pixels (scaled with image area) are specks and are
+ignored, those over :data:`MAX_EXTENT` pixels across have no shape, and the others' shapes come from
+moments of their soft coverage (see :func:`classify_shape`).
 
 Constraints (the score is the fraction met, ``strict`` is 1 when all are met), per object group:
 ``COLOUR present`` (any object of that colour), ``COLOUR SHAPE present`` and ``COLOUR SHAPE count == n``;
@@ -31,6 +30,7 @@ from flowrl.world.grammar import COLOUR_NAMES, COLOURS, RELATION_AXES, Scene
 COVERAGE = 0.5  # fraction of a colour's chroma a pixel needs to belong to it
 MAX_ANGLE = 30.0  # degrees between a pixel's chroma and its colour's
 MIN_AREA = 12.0  # pixels at 32 x 32
+MAX_EXTENT = 18.0  # pixels at 32 x 32: a wider or taller blob (a flooded image) has no shape
 SOFT_FLOOR = 0.15  # coverage below this counts as none (background noise)
 TRIANGLE_SKEW = 0.2  # |skewness| along x or y above which a blob is a triangle
 SQUARE_RATIO = 0.86  # separability ratio above which a non-tapering blob is a square
@@ -180,6 +180,8 @@ def _detect(rgb: np.ndarray) -> list[Detection]:
         soft = np.pad(np.where(own & (cover[:, :, k] >= SOFT_FLOOR), cover[:, :, k], 0.0), 1)
         soft = soft[y0 : y1 + 3, x0 : x1 + 3]
         shape = classify_shape(labels[y0 : y1 + 1, x0 : x1 + 1] == lab, soft)
+        if max(y1 - y0, x1 - x0) + 1 > MAX_EXTENT * w / 32.0:
+            shape = None
         centroid = (float(xs.mean()) + 0.5, float(ys.mean()) + 0.5)
         out.append(Detection(COLOUR_NAMES[k], shape, int(area), centroid, (x0, y0, x1, y1)))
     return out

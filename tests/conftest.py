@@ -1,0 +1,39 @@
+"""Test-wide settings: no hub access, quiet libraries, small shared fixtures."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def root() -> Path:
+    return ROOT
+
+
+def tiny_recipe(**trainer: object) -> dict:
+    """A small, fast recipe dict on the tiny random FLUX model (16 px, 4 steps, G = 4)."""
+    return {
+        "name": "tiny",
+        "seed": 0,
+        "backbone": {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1},
+        "prompts": {"type": "list", "prompts": ["a red circle", "two blue squares", "a cat"], "heldout": ["a dog"]},
+        "selector": {"type": "explicit", "units": [[0, 1], [1, 1], [2, 1]]},
+        "sampler": {"type": "independent", "group_size": 4, "num_steps": 4, "shift": 3.0},
+        "kernel": {"type": "flow_grpo_sde", "noise_level": 0.7},
+        "advantage": {"type": "group_norm"},
+        "reward": [{"type": "jpeg_compressibility", "scale_kb": 1.0}],
+        "loss": {"type": "ppo_clip", "clip_range": 1e-4},
+        "optim": {"lr": 1e-4},
+        "trainer": {"max_steps": 2, "prompts_per_step": 2, "checkpoint_every": 0, "image_every": 0, **trainer},
+    }

@@ -1,0 +1,64 @@
+"""The command line as a user runs it: exit codes, one-line errors, no tracebacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+import flowrl
+
+
+def flowrl_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "flowrl.cli.main", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
+
+
+def test_ls_lists_every_kind_with_summaries() -> None:
+    out = flowrl_cli("ls")
+    assert out.returncode == 0, out.stderr
+    for kind in flowrl.KINDS:
+        assert f"{kind}:" in out.stdout
+        for name in flowrl.available(kind):
+            line = next(line for line in out.stdout.splitlines() if line.strip().startswith(name + " "))
+            assert len(line.split(None, 1)[1]) > 10  # a real one-line summary
+
+
+def test_validate_shipped_recipes() -> None:
+    recipes = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "recipes").glob("*.toml"))
+    out = flowrl_cli("validate", *recipes)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_bad_recipe_exit_2_names_both_problems(tmp_path: Path) -> None:
+    text = (ROOT / "recipes" / "flow_grpo.toml").read_text()
+    text = text.replace('type = "flow_grpo_prefix"', 'type = "flow_grpo_prefx"')
+    text = text.replace("group_size = 8", "group_sise = 8")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    for command in (("validate", str(bad)), ("train", str(bad)), ("show", str(bad))):
+        out = flowrl_cli(*command)
+        assert out.returncode == 2, command
+        text_out = out.stdout + out.stderr
+        assert "Traceback" not in text_out
+        assert f"recipe error: 2 problems in {bad}" in text_out
+        assert "[selector] unknown selector type 'flow_grpo_prefx'; did you mean 'flow_grpo_prefix'?" in text_out
+        assert "[sampler.group_sise] unknown key; did you mean 'group_size'?" in text_out
+
+
+def test_show_prints_resolved_recipe() -> None:
+    out = flowrl_cli("show", "recipes/flow_grpo.toml", "--set", "sampler.group_size=3")
+    assert out.returncode == 0, out.stderr
+    assert "group_size = 3" in out.stdout
+    assert "max_grad_norm = 1.0" in out.stdout  # a default filled in
+
+
+def test_missing_checkpoint_is_a_user_error(tmp_path: Path) -> None:
+    out = flowrl_cli("eval", str(tmp_path))
+    assert out.returncode == 2
+    assert "no checkpoint found" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,268 @@
+"""Tests of the embedded world: grammar, renderer and verifier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flowrl.world import (
+    COLOUR_NAMES,
+    COLOURS,
+    HELDOUT_PAIRS,
+    KINDS,
+    RELATIONS,
+    SHAPES,
+    SPLITS,
+    ObjectGroup,
+    Relation,
+    Scene,
+    detect,
+    enumerate_scenes,
+    max_prompt_words,
+    parse,
+    render,
+    render_batch,
+    sample_scenes,
+    scene_split,
+    score_batch,
+    verify,
+    vocabulary,
+)
+from flowrl.world.render import background
+
+N_EVAL = 500
+
+
+def gaussian_blur(images: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur of ``(B, H, W, 3)`` images (edge padding), as float32."""
+    t = np.arange(-2, 3, dtype=np.float32)
+    k = np.exp(-(t**2) / (2 * sigma**2))
+    k /= k.sum()
+    x = np.pad(images.astype(np.float32), ((0, 0), (2, 2), (2, 2), (0, 0)), mode="edge")
+    h, w = images.shape[1:3]
+    x = sum(k[i] * x[:, :, i : i + w] for i in range(5))
+    return sum(k[i] * x[:, i : i + h] for i in range(5))
+
+
+@st.composite
+def scenes(draw: st.DrawFn) -> Scene:
+    """Any valid scene, built from the grammar's parts."""
+    pair = st.tuples(st.sampled_from(COLOUR_NAMES), st.sampled_from(SHAPES))
+    if draw(st.booleans()):
+        return Scene((ObjectGroup(*draw(pair), draw(st.integers(1, 3))),))
+    first = draw(pair)
+    second = draw(pair.filter(lambda p: p != first))
+    rel = draw(st.none() | st.sampled_from(RELATIONS).map(lambda r: Relation(0, r, 1)))
+    return Scene((ObjectGroup(*first), ObjectGroup(*second)), rel)
+
+
+@pytest.fixture(scope="module")
+def ground_truth() -> dict[str, tuple[list[Scene], np.ndarray]]:
+    out = {}
+    for i, split in enumerate(SPLITS):
+        sc = sample_scenes(split, N_EVAL, seed=100 + i)
+        out[split] = (sc, render_batch(sc, seed=200 + i))
+    return out
+
+
+# ---------------------------------------------------------------- grammar
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenes())
+def test_parse_inverts_text(scene: Scene) -> None:
+    assert parse(scene.text) == scene
+    assert len(scene.text.split()) <= max_prompt_words()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from(SPLITS))
+def test_sampled_scenes_round_trip(seed: int, split: str) -> None:
+    for scene in sample_scenes(split, 20, seed):
+        assert parse(scene.text) == scene
+        assert scene_split(scene) == split
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "a red circles",
+        "two red circle",
+        "four red circles",
+        "a purple circle",
+        "a red hexagon",
+        "a red circle and a red circle",
+        "two red circles and a blue square",
+        "a red circle left a blue square",
+        "a red circle and",
+        "a red circle and a blue square and a green triangle",
+        "A red circle",
+    ],
+)
+def test_parse_rejects_text_outside_grammar(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse(text)
+
+
+def test_examples() -> None:
+    assert Scene((ObjectGroup("red", "circle"),)).text == "a red circle"
+    assert Scene((ObjectGroup("blue", "square", 2),)).text == "two blue squares"
+    rel = Scene((ObjectGroup("blue", "square"), ObjectGroup("yellow", "triangle")), Relation(0, "left of", 1))
+    assert rel.text == "a blue square left of a yellow triangle"
+    assert rel.kind == "relation" and rel.num_objects == 2
+    with pytest.raises(ValueError):
+        Scene((ObjectGroup("red", "circle"), ObjectGroup("blue", "square")), Relation(1, "above", 0))
+    with pytest.raises(ValueError):
+        ObjectGroup("red", "circle", 4)
+
+
+def test_heldout_compositions_never_in_train() -> None:
+    train = sample_scenes("train", 5000, seed=1)
+    held = sample_scenes("heldout", 5000, seed=2)
+    train_pairs = {g.pair for s in train for g in s.groups}
+    assert not train_pairs & HELDOUT_PAIRS
+    assert all(any(g.pair in HELDOUT_PAIRS for g in s.groups) for s in held)
+    assert {g.pair for s in held for g in s.groups} >= HELDOUT_PAIRS
+    # held-out prompts are new compositions of words all seen in train
+    train_words = {w for s in train for w in s.text.split()}
+    assert {w for s in held for w in s.text.split()} <= train_words
+    assert {s.kind for s in train} == {s.kind for s in held} == set(KINDS)
+    assert not {s.text for s in train} & {s.text for s in held}
+
+
+def test_enumeration_matches_sampling() -> None:
+    every = {split: set(enumerate_scenes(split)) for split in SPLITS}
+    assert not every["train"] & every["heldout"]
+    assert len(every["train"]) + len(every["heldout"]) == 18 * 3 + 18 * 17 * 5
+    for split in SPLITS:
+        assert set(sample_scenes(split, 2000, seed=3)) <= every[split]
+
+
+def test_vocabulary_and_lengths() -> None:
+    vocab = set(vocabulary())
+    assert set(COLOUR_NAMES) | set(SHAPES) <= vocab
+    lengths = []
+    for split in SPLITS:
+        scenes_ = enumerate_scenes(split)
+        assert all(set(s.text.split()) <= vocab for s in scenes_)
+        lengths += [len(s.text.split()) for s in scenes_]
+    assert max(lengths) == max_prompt_words()
+    assert vocab == {w for split in SPLITS for s in enumerate_scenes(split) for w in s.text.split()}
+
+
+def test_sampling_is_deterministic() -> None:
+    assert sample_scenes("train", 50, seed=5) == sample_scenes("train", 50, seed=5)
+    assert sample_scenes("train", 50, seed=5) != sample_scenes("train", 50, seed=6)
+    assert {s.kind for s in sample_scenes("train", 8, seed=0, kinds=("count",))} == {"count"}
+    with pytest.raises(ValueError):
+        sample_scenes("test", 1, seed=0)
+
+
+# ---------------------------------------------------------------- renderer
+
+
+def test_render_is_deterministic() -> None:
+    sc = sample_scenes("train", 20, seed=4)
+    a, b = render_batch(sc, seed=9), render_batch(sc, seed=9)
+    assert a.shape == (20, 32, 32, 3) and a.dtype == np.uint8
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, render_batch(sc, seed=10))
+    one = render(sc[0], np.random.default_rng(3))
+    np.testing.assert_array_equal(one, render(sc[0], np.random.default_rng(3)))
+    assert render(sc[0], np.random.default_rng(3), size=48).shape == (48, 48, 3)
+
+
+def test_backgrounds_are_far_from_object_colours() -> None:
+    rng = np.random.default_rng(0)
+    protos = np.asarray(list(COLOURS.values()), dtype=np.float32)
+    for _ in range(200):
+        bg = np.clip(background(rng), 0, 255).reshape(-1, 1, 3)
+        assert np.linalg.norm(bg - protos[None], axis=-1).min() > 120
+
+
+# ---------------------------------------------------------------- verifier
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_ground_truth_is_verified(split: str, ground_truth: dict) -> None:
+    sc, images = ground_truth[split]
+    scores, strict = score_batch(images, sc)
+    assert strict.mean() >= 0.99
+    assert scores.mean() >= 0.995
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_verifier_survives_mild_blur_and_noise(split: str, ground_truth: dict) -> None:
+    sc, images = ground_truth[split]
+    rng = np.random.default_rng(7)
+    noisy = gaussian_blur(images, sigma=0.7) / 255.0 + rng.normal(0.0, 0.03, images.shape)
+    channels_first = torch.from_numpy(noisy.astype(np.float32)).permute(0, 3, 1, 2)  # unclipped model output
+    _, strict = score_batch(channels_first, sc)
+    assert strict.mean() >= 0.97
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_mismatched_prompts_score_low(split: str, ground_truth: dict) -> None:
+    sc, images = ground_truth[split]
+    others = sample_scenes(split, N_EVAL, seed=999)
+    keep = [i for i in range(N_EVAL) if others[i].text != sc[i].text]
+    scores, strict = score_batch(images[keep], [others[i] for i in keep])
+    assert strict.mean() <= 0.05
+    assert scores.mean() <= 0.35
+
+
+def test_wrong_relation_count_and_shape_fail() -> None:
+    rel = sample_scenes("train", 200, seed=8, kinds=("relation",))
+    images = render_batch(rel, seed=8)
+    opposite = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+    across = {"left of": "above", "right of": "below", "above": "right of", "below": "left of"}
+    for swap in (opposite, across):
+        wrong = [Scene(s.groups, Relation(0, swap[s.relation.relation], 1)) for s in rel]
+        scores, strict = score_batch(images, wrong)
+        assert strict.max() == 0
+        assert np.allclose(scores, 7 / 8)  # only the relation fails
+    counted = sample_scenes("heldout", 200, seed=9, kinds=("count",))
+    images = render_batch(counted, seed=9)
+    other_count = [Scene((ObjectGroup(*s.groups[0].pair, 5 - s.groups[0].count),)) for s in counted]
+    assert score_batch(images, other_count)[1].max() == 0
+    singles = sample_scenes("train", 200, seed=10, kinds=("single",))
+    images = render_batch(singles, seed=10)
+    shapes = [
+        Scene((ObjectGroup(s.groups[0].colour, SHAPES[(SHAPES.index(s.groups[0].shape) + 1) % 3]),))
+        for s in singles
+    ]
+    scores, strict = score_batch(images, shapes)
+    assert strict.max() == 0 and np.allclose(scores, 0.25)  # only "colour present" holds
+
+
+def test_verdict_details_and_degenerate_images() -> None:
+    scene = parse("two red circles")
+    image = render(scene, np.random.default_rng(0))
+    verdict = verify(image, scene)
+    assert verdict.strict == 1 and verdict.score == 1.0
+    assert [(d.colour, d.shape) for d in verdict.detections] == [("red", "circle")] * 2
+    assert [name for name, _ in verdict.constraints][-1] == "no extra objects"
+    assert verify(image / 255.0, scene).strict == 1  # float HxWx3 in [0, 1]
+    assert verify(np.moveaxis(image, -1, 0) / 255.0, scene).strict == 1  # 3xHxW
+    blank = np.full((32, 32, 3), 128, dtype=np.uint8)
+    assert detect(blank) == []
+    assert verify(blank, scene).strict == 0
+    flooded = np.zeros((32, 32, 3), dtype=np.uint8)
+    flooded[..., 0] = 230
+    assert verify(flooded, parse("a red square")).strict == 0  # a whole red image is no square
+
+
+def test_score_batch_formats_agree() -> None:
+    sc = sample_scenes("heldout", 40, seed=11)
+    images = render_batch(sc, seed=11)
+    s1, t1 = score_batch(images, sc)
+    s2, t2 = score_batch(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0, sc)
+    np.testing.assert_allclose(s1, s2)
+    np.testing.assert_array_equal(t1, t2)
+    assert s1.dtype == np.float32 and set(np.unique(t1)) <= {0.0, 1.0}
+    with pytest.raises(ValueError):
+        score_batch(images[:3], sc)
