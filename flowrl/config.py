@@ -98,7 +98,8 @@ def convert(tp: Any, value: Any, path: str, problems: list[tuple[str, str]]) -> 
         if origin is tuple and args:
             if len(args) != len(value):
                 return _fail(path, f"expected {len(args)} items, got {len(value)}", problems)
-            return tuple(convert(a, v, f"{path}[{i}]", problems) for i, (a, v) in enumerate(zip(args, value)))
+            pairs = enumerate(zip(args, value, strict=True))
+            return tuple(convert(a, v, f"{path}[{i}]", problems) for i, (a, v) in pairs)
         item_type = args[0] if args else Any
         return [convert(item_type, v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
     if origin is dict or tp is dict:

@@ -42,7 +42,7 @@ class Part:
     """A resolved component: its registered name, class and validated config."""
 
     type: str
-    cls: type
+    cls: Any  # the component class
     config: Any
 
     def build(self) -> Any:
@@ -113,7 +113,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
 
 def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), source: str = "<recipe>") -> Recipe:
     """Validate recipe data (already parsed); collects every problem before raising."""
-    data = _deep_copy(data)
+    data = dict(_deep_copy(data))
     problems: list[tuple[str, str]] = []
     for item in overrides:
         _apply_override(data, item, problems)
@@ -181,7 +181,7 @@ def _resolve_part(table: str, spec: Any, path: str, problems: list[tuple[str, st
         problems.append((path, f"missing 'type' (one of: {', '.join(registry(kind).names())})"))
         return None
     try:
-        cls = registry(kind).get(type_name)
+        cls: Any = registry(kind).get(type_name)
     except RegistryError as error:
         problems.append((path, str(error)))
         return None

@@ -138,7 +138,7 @@ def summary(cls: type) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
-def make_config(cls: type, params: Mapping[str, Any]) -> Any:
+def make_config(cls: Any, params: Mapping[str, Any]) -> Any:
     """Build ``cls.Config`` from plain parameters (validated; see :mod:`flowrl.config`)."""
     from flowrl.config import structure
 

@@ -31,7 +31,7 @@ class ExplicitUnits(TimestepSelector):
             for start, merge in value:
                 if start < 0 or merge < 1:
                     raise ValueError(f"unit [{start}, {merge}]: start must be >= 0 and merge >= 1")
-            for (a, m), (b, _) in zip(value, value[1:]):
+            for (a, m), (b, _) in zip(value, value[1:], strict=False):
                 if b < a + m:
                     raise ValueError(f"units must be ordered and must not overlap: [{a}, {m}] then [{b}, ...]")
 

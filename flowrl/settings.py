@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 from attrs.validators import ge, gt, in_, le
 
-positive = gt(0)
+positive: Any = gt(0)
 
 
 @attrs.frozen

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from flowrl.trainer.checkpoint import (
 )
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logger import RunLogger, save_grid_png
-from flowrl.trainer.lora import add_lora, adapters_disabled
+from flowrl.trainer.lora import adapters_disabled, add_lora
 from flowrl.trainer.update import StatsMean, no_reference, transition_losses
 from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
@@ -99,7 +101,9 @@ class Trainer:
         module, self.optimizer = self.accelerator.prepare(transformer, self.optimizer)
         self.backbone.module = module  # type: ignore[attr-defined]
         self.ema = EMA(self.named_params, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
-        self.reference = (lambda: adapters_disabled(transformer)) if self.recipe.lora is not None else None
+        self.reference: Callable[[], AbstractContextManager[None]] | None = None
+        if self.recipe.lora is not None:
+            self.reference = lambda: adapters_disabled(transformer)
         if self.loss_fn.needs_reference and self.reference is None:
             self.reference_model = _frozen_copy(transformer)
             self.reference = lambda: _swapped(self.backbone, self.reference_model)
@@ -160,7 +164,8 @@ class Trainer:
         metrics.update({f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()})
         metrics["reward/total"] = float(rewards.total.mean())
         metrics.update(update)
-        metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update, "lr": self.lr_schedule.get_last_lr()[0]})
+        metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
+        metrics["lr"] = self.lr_schedule.get_last_lr()[0]
         metrics.update({"time/iteration_s": t_iter, "time/transformer_s": t_model,
                         "time/outside_share": max(0.0, 1 - t_model / t_iter), "mem/peak_mb": peak_memory_mb()})
         metrics["skipped_steps"] = self.skipped
@@ -213,7 +218,8 @@ class Trainer:
                 backward_s += time.perf_counter() - start
                 total_loss = total_loss + loss.detach().cpu() * share
                 stats.add(batch_stats, share)
-            grad_norm = self.accelerator.clip_grad_norm_([p for _, p in self.named_params], self.recipe.optim.max_grad_norm)
+            params = [p for _, p in self.named_params]
+            grad_norm = self.accelerator.clip_grad_norm_(params, self.recipe.optim.max_grad_norm)
             finite = all(
                 math.isfinite(float(x)) for x in (total_loss, grad_norm, rewards.total.sum(), advantages.values.sum())
             )
@@ -247,8 +253,8 @@ class Trainer:
         if not self.accelerator.is_main_process:
             return None
         folder = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        weights = {n: p for n, p in self.named_params}
-        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped, "recipe": self.recipe.name}
+        weights: dict[str, torch.Tensor] = {n: p for n, p in self.named_params}
+        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped}
         extra = {
             "optimizer": self.optimizer.state_dict(),
             "lr_schedule": self.lr_schedule.state_dict(),
@@ -307,7 +313,7 @@ def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
-class _swapped:
+class _swapped(AbstractContextManager[None]):
     """Context manager: the backbone evaluates ``module`` instead of its trained transformer."""
 
     def __init__(self, backbone: Backbone, module: torch.nn.Module) -> None:

@@ -33,7 +33,8 @@ class WorldPrompts(PromptSource):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.train = [s.text for s in enumerate_scenes("train") if s.kind in config.kinds]
-        self._heldout = [s.text for s in sample_scenes("heldout", config.heldout_count, config.heldout_seed, config.kinds)]
+        heldout = sample_scenes("heldout", config.heldout_count, config.heldout_seed, config.kinds)
+        self._heldout = [s.text for s in heldout]
 
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
         index = torch.randint(len(self.train), (n,), generator=generator)

@@ -20,7 +20,7 @@ compositions of known words.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -80,11 +80,15 @@ class Relation:
     object: int
 
 
+def _as_groups(groups: Iterable[ObjectGroup]) -> tuple[ObjectGroup, ...]:
+    return tuple(groups)
+
+
 @attrs.frozen
 class Scene:
     """The constraints of one prompt: object groups and an optional relation between groups 0 and 1."""
 
-    groups: tuple[ObjectGroup, ...] = attrs.field(converter=tuple)
+    groups: tuple[ObjectGroup, ...] = attrs.field(converter=_as_groups)
     relation: Relation | None = None
 
     def __attrs_post_init__(self) -> None:
