@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 import torch
@@ -12,8 +13,32 @@ from flowrl.registry import register
 from flowrl.types import Plan, Schedule, Unit
 
 
-def _units_converter(value: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:
+def as_units(value: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:
+    """``[[start, merge], ...]`` as a tuple of int pairs."""
     return tuple((int(a), int(b)) for a, b in value)
+
+
+def check_units(_instance: object, _attr: object, value: tuple[tuple[int, int], ...]) -> None:
+    """Units must have start >= 0, merge >= 1, be ordered and not overlap."""
+    for start, merge in value:
+        if start < 0 or merge < 1:
+            raise ValueError(f"unit [{start}, {merge}]: start must be >= 0 and merge >= 1")
+    for (a, m), (b, _) in zip(value, value[1:], strict=False):
+        if b < a + m:
+            raise ValueError(f"units must be ordered and must not overlap: [{a}, {m}] then [{b}, ...]")
+
+
+def units_field(default: tuple[tuple[int, int], ...]) -> Any:
+    """An attrs field holding a unit list ``[[start, merge], ...]``, converted and checked."""
+    return attrs.field(default=default, converter=as_units, validator=check_units)
+
+
+def units_within(units: tuple[tuple[int, int], ...], num_steps: int) -> list[tuple[str, str]]:
+    """A recipe problem when a unit runs past the schedule."""
+    last = max((a + m for a, m in units), default=0)
+    if last > num_steps:
+        return [("units", f"unit ends at step {last}, beyond the schedule's {num_steps} steps")]
+    return []
 
 
 @register("selector", "explicit")
@@ -22,25 +47,13 @@ class ExplicitUnits(TimestepSelector):
 
     @attrs.frozen
     class Config:
-        units: tuple[tuple[int, int], ...] = attrs.field(default=((0, 1),), converter=_units_converter)
-
-        @units.validator
-        def _check(self, _attr: object, value: tuple[tuple[int, int], ...]) -> None:
-            if not value:
-                raise ValueError("needs at least one unit [start, merge]")
-            for start, merge in value:
-                if start < 0 or merge < 1:
-                    raise ValueError(f"unit [{start}, {merge}]: start must be >= 0 and merge >= 1")
-            for (a, m), (b, _) in zip(value, value[1:], strict=False):
-                if b < a + m:
-                    raise ValueError(f"units must be ordered and must not overlap: [{a}, {m}] then [{b}, ...]")
+        units: tuple[tuple[int, int], ...] = attrs.field(
+            default=((0, 1),), converter=as_units, validator=[attrs.validators.min_len(1), check_units]
+        )
 
     @staticmethod
     def check_steps(config: Config, num_steps: int) -> list[tuple[str, str]]:
-        last = max(a + m for a, m in config.units)
-        if last > num_steps:
-            return [("units", f"unit ends at step {last}, beyond the schedule's {num_steps} steps")]
-        return []
+        return units_within(config.units, num_steps)
 
     def plan(self, schedule: Schedule, iteration: int, generator: torch.Generator) -> Plan:
         units = tuple(Unit(a, m) for a, m in self.config.units)

@@ -48,7 +48,7 @@ def show(args: argparse.Namespace) -> int:
 
 
 def ls(args: argparse.Namespace) -> int:
-    kinds = [args.kind] if args.kind else list(KINDS)
+    kinds = args.kind or list(KINDS)
     for kind in kinds:
         reg = registry(kind)
         print(f"{kind}:")

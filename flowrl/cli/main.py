@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=commands.show)
 
     ls = sub.add_parser("ls", help="list registered components")
-    ls.add_argument("kind", nargs="?", default=None)
+    ls.add_argument("kind", nargs="*", help="kinds to list (default: all)")
     ls.set_defaults(func=commands.ls)
 
     e = sub.add_parser("eval", help="score a run or checkpoint on held-out prompts (deterministic ODE sampling)")

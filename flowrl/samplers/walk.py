@@ -84,3 +84,22 @@ def walk(
             x = out.next
         step = end
     return x
+
+
+def ode_tails(backbone: Backbone, x: Tensor, step: Tensor, cond: Conditioning, schedule: Schedule) -> Tensor:
+    """Finish every row by ODE from its own grid step ``step[r]`` to the end, in shared batched calls.
+
+    Rows at different steps share one transformer call (the noise level is per row), so the number of
+    calls is the longest tail, and each row costs exactly ``N - step[r]`` evaluations.
+    """
+    sigmas = schedule.tensor().to(x.device)
+    n = schedule.num_steps
+    x, step = x.float().clone(), step.clone().to(x.device)
+    while bool((step < n).any()):
+        active = (step < n).nonzero().flatten()
+        k = step[active]
+        s, s_next = sigmas[k], sigmas[k + 1]
+        v = backbone.velocity(x[active], s, cond.take(active))
+        x[active] = x[active] + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
+        step[active] = k + 1
+    return x

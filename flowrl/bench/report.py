@@ -1,0 +1,314 @@
+"""The bench report: run folders -> ``results.json``, ``results.md`` and plots.
+
+:func:`write_report` is a pure function of the run folders (``metrics.jsonl``, plus the harness's
+``final_eval.json`` when present), so it can be re-run on finished runs and tested on synthetic files.
+
+Curves are the held-out metric at each evaluation, against cumulative rollout NFE and training wall time.
+A method's mean curve is taken on the union of its seeds' x values, each seed interpolated linearly
+between its evaluations and held at its first / last value outside them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flowrl.bench import BenchError
+
+DEFAULT_METRIC = "eval/score"
+FINAL_EVAL = "final_eval.json"  # the harness's evaluation after the last iteration (a run folder file)
+SCHEMA = 1
+_TOLERANCE = 1e-12
+
+
+# -- reading a run folder ----------------------------------------------------------------------
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl`` sorted by step; a repeated step keeps its newest row."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise BenchError(f"{run_dir}: no metrics.jsonl (not a finished run folder)")
+    rows: dict[int, dict[str, Any]] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise BenchError(f"{path}:{n}: not a JSON object") from None
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise BenchError(f"{path}:{n}: a row without an integer 'step'")
+        rows[row["step"]] = row
+    if not rows:
+        raise BenchError(f"{path}: empty")
+    return [rows[step] for step in sorted(rows)]
+
+
+def eval_points(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with held-out figures, then the harness's final evaluation if it is later than the last one."""
+    points = [dict(row) for row in rows if any(key.startswith("eval/") for key in row)]
+    final_file = Path(run_dir) / FINAL_EVAL
+    if final_file.is_file():
+        try:
+            final = json.loads(final_file.read_text())
+        except json.JSONDecodeError:
+            raise BenchError(f"{final_file}: not a JSON object") from None
+        if not points or final.get("nfe", 0) > points[-1].get("nfe", 0):
+            points.append(final)
+    return points
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _eval_keys(points: Sequence[Mapping[str, Any]]) -> list[str]:
+    keys: dict[str, None] = {}
+    for point in points:
+        keys.update({k: None for k in point if k.startswith("eval/")})
+    return list(keys)
+
+
+def resolve_metric(requested: str | None, points: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """``requested`` if every run logged it; by default ``eval/score``, else the first ``eval/*`` key all share."""
+    keys = {label: _eval_keys(p) for label, p in points.items()}
+    for label, found in keys.items():
+        if not found:
+            raise BenchError(
+                f"{label}: no held-out evaluations in metrics.jsonl; bench needs trainer.eval_every > 0 and"
+                " held-out prompts (prompts.heldout)"
+            )
+    if requested is not None:
+        for label, found in keys.items():
+            if requested not in found:
+                raise BenchError(f"{label}: metric '{requested}' was not logged (logged: {', '.join(found)})")
+        return requested
+    first = next(iter(keys.values()))
+    for key in [DEFAULT_METRIC, *first]:
+        if all(key in found for found in keys.values()):
+            return key
+    raise BenchError(f"the runs share no held-out metric (first run logged: {', '.join(first)}); pass --metric")
+
+
+# -- curves and statistics ---------------------------------------------------------------------
+def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise-linear ``y(x)``, held at the end values outside ``[xs[0], xs[-1]]``."""
+    if x <= xs[0]:
+        return ys[0]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+def stats(values: Sequence[float]) -> dict[str, Any]:
+    """n, mean, sample standard deviation (``None`` below two values), min and max."""
+    return {
+        "n": len(values),
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def mean_curve(curves: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict[str, list[Any]]:
+    """Mean, std, min and max over seeds on the union of the seeds' x values."""
+    grid = sorted({x for xs, _ in curves for x in xs})
+    out: dict[str, list[Any]] = {"x": grid, "mean": [], "std": [], "min": [], "max": []}
+    for x in grid:
+        s = stats([interp(x, xs, ys) for xs, ys in curves])
+        for key in ("mean", "std", "min", "max"):
+            out[key].append(s[key])
+    return out
+
+
+def x_to_reach(curve: Mapping[str, Sequence[float]], target: float) -> float | None:
+    """First x where the mean curve reaches ``target`` (linear between points); ``None`` if it never does."""
+    xs, ys = curve["x"], curve["mean"]
+    tol = _TOLERANCE * max(1.0, abs(target))
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if y >= target - tol:
+            if i == 0 or y <= ys[i - 1]:
+                return float(x)
+            x0, y0 = xs[i - 1], ys[i - 1]
+            return float(min(x, x0 + (x - x0) * (target - y0) / (y - y0)))
+    return None
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+# -- one seed, one method ----------------------------------------------------------------------
+def seed_summary(run_dir: Path, rows: Sequence[Mapping[str, Any]], points: Sequence[Mapping[str, Any]],
+                 metric: str) -> dict[str, Any]:
+    """A seed's curve (nfe, wall_s, score at each evaluation) and its final and cost figures."""
+    scored = [p for p in points if _number(p.get(metric)) is not None]
+    if not scored:
+        raise BenchError(f"{run_dir}: every '{metric}' value is missing or non-finite")
+    curve = {
+        "step": [int(p.get("step", 0)) for p in scored],
+        "nfe": [float(p.get("nfe", 0)) for p in scored],
+        "wall_s": [float(p.get("wall_s", 0.0)) for p in scored],
+        "score": [float(p[metric]) for p in scored],
+    }
+    last = scored[-1]
+    train = [r for r in rows if r["step"] > 0]
+
+    def column(key: str) -> list[float]:
+        return [v for v in (_number(r.get(key)) for r in train) if v is not None]
+
+    iteration_s, outside, memory = column("time/iteration_s"), column("time/outside_share"), column("mem/peak_mb")
+    return {
+        "run_dir": str(run_dir),
+        "curve": curve,
+        "final": {
+            "step": curve["step"][-1],
+            "nfe": curve["nfe"][-1],
+            "wall_s": curve["wall_s"][-1],
+            "score": curve["score"][-1],
+            "eval": {k: v for k, v in last.items() if k.startswith("eval/") and _number(v) is not None},
+        },
+        "steps": int(rows[-1]["step"]),
+        "nfe_used": float(rows[-1].get("nfe", 0)),
+        "wall_s": float(rows[-1].get("wall_s", 0.0)),
+        "iteration_s_mean": statistics.fmean(iteration_s) if iteration_s else None,
+        "outside_share_mean": statistics.fmean(outside) if outside else None,
+        "peak_mem_mb": max(memory) if memory else None,
+    }
+
+
+def method_summary(seeds: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """Aggregates over a method's seeds (the reference comparison is added by :func:`build_results`)."""
+    finals = [s["final"] for s in seeds.values()]
+    shared = [k for k in finals[0]["eval"] if all(k in f["eval"] for f in finals)]
+    memory = [s["peak_mem_mb"] for s in seeds.values() if s["peak_mem_mb"] is not None]
+    return {
+        "seeds": dict(seeds),
+        "final_score": stats([f["score"] for f in finals]),
+        "final_eval": {k: stats([f["eval"][k] for f in finals]) for k in shared},
+        "iteration_s_mean": _mean([s["iteration_s_mean"] for s in seeds.values()]),
+        "outside_share_mean": _mean([s["outside_share_mean"] for s in seeds.values()]),
+        "peak_mem_mb": max(memory) if memory else None,
+        "curve_nfe": mean_curve([(s["curve"]["nfe"], s["curve"]["score"]) for s in seeds.values()]),
+        "curve_wall_s": mean_curve([(s["curve"]["wall_s"], s["curve"]["score"]) for s in seeds.values()]),
+    }
+
+
+# -- the report --------------------------------------------------------------------------------
+def build_results(
+    runs: Mapping[str, Mapping[int, Path]],
+    reference: str | None = None,
+    metric: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``results.json`` object for ``runs`` (method -> seed -> run folder)."""
+    if not runs or any(not seeds for seeds in runs.values()):
+        raise BenchError("nothing to report: every method needs at least one run folder")
+    reference = next(iter(runs)) if reference is None else reference
+    if reference not in runs:
+        raise BenchError(f"unknown reference '{reference}'; methods: {', '.join(runs)}")
+    rows = {(m, s): read_metrics(Path(d)) for m, seeds in runs.items() for s, d in seeds.items()}
+    points = {(m, s): eval_points(Path(runs[m][s]), r) for (m, s), r in rows.items()}
+    metric = resolve_metric(metric, {f"{runs[m][s]}": p for (m, s), p in points.items()})
+    methods = {
+        m: method_summary(
+            {str(s): seed_summary(Path(d), rows[m, s], points[m, s], metric) for s, d in sorted(seeds.items())}
+        )
+        for m, seeds in runs.items()
+    }
+    target = methods[reference]["final_score"]["mean"]
+    ref_nfe = x_to_reach(methods[reference]["curve_nfe"], target)
+    ref_wall = x_to_reach(methods[reference]["curve_wall_s"], target)
+    for summary in methods.values():
+        nfe = x_to_reach(summary["curve_nfe"], target)
+        wall = x_to_reach(summary["curve_wall_s"], target)
+        summary["nfe_to_reach_reference"] = nfe
+        summary["nfe_ratio_to_reference"] = _ratio(nfe, ref_nfe)
+        summary["wall_s_to_reach_reference"] = wall
+        summary["wall_s_ratio_to_reference"] = _ratio(wall, ref_wall)
+    return {
+        "schema": SCHEMA,
+        "metric": metric,
+        "reference": reference,
+        "target_score": target,
+        "bench": dict(meta or {}),
+        "methods": methods,
+    }
+
+
+def _fmt(value: float | None, spec: str = ".4g", missing: str = "—") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    """``results.md``: one table row per method."""
+    metric, reference = results["metric"], results["reference"]
+    bench = results.get("bench", {})
+    budget = f" · budget {bench['nfe_budget']} NFE" if "nfe_budget" in bench else ""
+    lines = [
+        "# flowrl bench",
+        "",
+        f"Held-out metric `{metric}` · reference `{reference}` (final mean {_fmt(results['target_score'])}){budget}.",
+        "",
+        f"| method | seeds | final {metric} (mean ± std) | min – max | NFE to reach ref | NFE × ref"
+        " | wall s to reach ref | iteration s | outside share | peak MB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, m in results["methods"].items():
+        f = m["final_score"]
+        cells = [
+            name,
+            str(f["n"]),
+            f"{_fmt(f['mean'])} ± {_fmt(f['std'])}",
+            f"{_fmt(f['min'])} – {_fmt(f['max'])}",
+            _fmt(m["nfe_to_reach_reference"], ".0f", "not reached"),
+            _fmt(m["nfe_ratio_to_reference"], ".3g"),
+            _fmt(m["wall_s_to_reach_reference"], ".3g", "not reached"),
+            _fmt(m["iteration_s_mean"], ".3g"),
+            _fmt(m["outside_share_mean"], ".1%"),
+            _fmt(m["peak_mem_mb"], ".0f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "NFE to reach ref: cumulative rollout transformer evaluations at which the method's mean curve first reaches",
+        "the reference's final mean (linear between evaluations). NFE × ref: that, divided by the reference's own.",
+        "Outside share: fraction of iteration time spent outside transformer forward/backward. See docs/bench.md.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(
+    runs: Mapping[str, Mapping[int, Path]],
+    out_dir: Path,
+    reference: str | None = None,
+    metric: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``results.json``, ``results.md`` and the plots for ``runs`` into ``out_dir``; return the results.
+
+    ``runs`` maps method -> seed -> run folder; ``reference`` defaults to the first method; ``metric`` to
+    ``eval/score`` if logged, else the first ``eval/*`` key; ``meta`` is stored as ``results["bench"]``.
+    """
+    from flowrl.bench.plots import plot_curves
+
+    results = build_results(runs, reference, metric, meta)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
+    (out_dir / "results.md").write_text(markdown(results))
+    plot_curves(results, out_dir)
+    return results

@@ -1,0 +1,75 @@
+"""E-GRPO's unit selection: merge consecutive low-entropy steps until the merged jump is entropic enough."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+from attrs.validators import ge, gt, le
+
+from flowrl import Plan, Schedule, TimestepSelector, Unit, register
+from flowrl.interfaces import entropy_per_dim
+from flowrl.selectors import units_field, units_within
+
+
+def merged_entropy(schedule: Schedule, start: int, merge: int) -> float:
+    """Per-dimension entropy (nats) of one SDE jump from step ``start`` over ``merge`` steps.
+
+    The jump's std is the kernel's std for ``s_start -> s_{start+merge}`` (one Euler-Maruyama step with
+    the std evaluated at ``s_start`` and ``dt = s_{start+merge} - s_start``); ``h = 0.5 log(2 pi e) + log std``.
+    """
+    s = torch.tensor([schedule.sigmas[start]])
+    s_next = torch.tensor([schedule.sigmas[start + merge]])
+    std = schedule.kernel.std_only(s, s_next, schedule.s_at_one)
+    return float(entropy_per_dim(std)[0])
+
+
+def greedy_units(schedule: Schedule, tau: float, end_by: int, max_merge: int) -> list[tuple[int, int]]:
+    """E-GRPO's greedy rule: from step 0, the smallest merge whose entropy reaches ``tau``; stop at ``end_by``.
+
+    A unit is kept only if it ends by step ``end_by``; the scan stops at the first step from which no
+    merge (up to ``max_merge``, within the schedule) reaches ``tau``.
+    """
+    n = schedule.num_steps
+    units, i = [], 0
+    while i < n:
+        merge = next(
+            (m for m in range(1, min(max_merge, n - i) + 1) if merged_entropy(schedule, i, m) >= tau),
+            None,
+        )
+        if merge is None or i + merge > end_by:
+            break
+        units.append((i, merge))
+        i += merge
+    return units
+
+
+@register("selector", "egrpo_entropy")
+class EntropyUnits(TimestepSelector):
+    """E-GRPO units (start, merge): greedy merged-entropy rule with threshold tau and a step budget (arXiv 2601.00423).
+
+    With N = 16, shift 3, Flow-GRPO kernel a = 0.7 and tau = 1.0 the rule gives (0,1), (1,1), (2,2), (4,3)
+    within the default budget (units ending by step N/2), and (7,5) next without it.
+    """
+
+    @attrs.frozen
+    class Config:
+        tau: float = 1.0  # nats per dimension a unit's jump must reach
+        budget: float = attrs.field(default=0.5, validator=[gt(0), le(1)])  # units must end by ceil(budget * N)
+        max_merge: int = attrs.field(default=8, validator=ge(1))  # longest merge considered
+        units: tuple[tuple[int, int], ...] = units_field(())  # explicit [[start, merge], ...] replace the rule
+
+    @staticmethod
+    def check_steps(config: Config, num_steps: int) -> list[tuple[str, str]]:
+        return units_within(config.units, num_steps)
+
+    def plan(self, schedule: Schedule, iteration: int, generator: torch.Generator) -> Plan:
+        c = self.config
+        pairs = list(c.units) or greedy_units(schedule, c.tau, math.ceil(c.budget * schedule.num_steps), c.max_merge)
+        if not pairs:
+            raise ValueError(
+                f"egrpo_entropy: no unit reaches tau = {c.tau} nats within the budget; lower tau or raise the budget"
+            )
+        units = tuple(Unit(a, m) for a, m in pairs)
+        return Plan(units=units, trained=tuple(range(len(units))))
