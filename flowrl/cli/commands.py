@@ -59,6 +59,33 @@ def ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def entropy(args: argparse.Namespace) -> int:
+    import torch
+
+    from flowrl.entropy import entropy_table, format_table, plot_entropy
+    from flowrl.schedule import shifted_sigmas
+    from flowrl.types import Schedule
+
+    recipe = load_recipe(args.recipe, args.set)
+    sampler = recipe.parts["sampler"].config
+    sigmas = tuple(float(s) for s in shifted_sigmas(sampler.num_steps, sampler.shift))
+    schedule = Schedule(sigmas, recipe.build("kernel"))
+    plan = recipe.build("selector").plan(schedule, 0, torch.Generator().manual_seed(recipe.seed))
+    units = [(u.start, u.merge) for u in plan.units]
+    rows = entropy_table(schedule, max(1, args.max_merge))
+    kernel = recipe.parts["kernel"]
+    print(f"{recipe.name}: {kernel.type} {kernel.to_table()}, N = {sampler.num_steps}, shift = {sampler.shift}")
+    print("h_mK: per-dimension entropy (nats) of one jump from this step over K steps")
+    print(format_table(rows))
+    print(f"units (start, merge) chosen by the selector at iteration 0: {units}")
+    print(f"trained: {[units[k] for k in plan.trained]}")
+    if args.plot:
+        title = f"{recipe.name}: entropy per timestep ({kernel.type})"
+        plot_entropy(rows, Path(args.plot), units, title)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def evaluate(args: argparse.Namespace) -> int:
     from flowrl.loading import load_policy
 

@@ -58,6 +58,13 @@ def parser() -> argparse.ArgumentParser:
     sm.add_argument("--out", default="samples.png")
     sm.add_argument("--seed", type=int, default=0)
     sm.set_defaults(func=commands.sample)
+    en = sub.add_parser("entropy", help="per-step std and entropy of a recipe's schedule, and its selector's units")
+    en.add_argument("recipe")
+    en.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    en.add_argument("--max-merge", type=int, default=4, help="merge counts to tabulate (1..K)")
+    en.add_argument("--plot", default="entropy.png", help="where to write the PNG ('' for none)")
+    en.set_defaults(func=commands.entropy)
+
     from flowrl.bench.cli import configure as configure_bench
     from flowrl.world.pretrain_cli import configure as configure_pretrain
 

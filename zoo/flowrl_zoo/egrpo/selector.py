@@ -9,20 +9,8 @@ import torch
 from attrs.validators import ge, gt, le
 
 from flowrl import Plan, Schedule, TimestepSelector, Unit, register
-from flowrl.interfaces import entropy_per_dim
+from flowrl.entropy import merged_entropy
 from flowrl.selectors import units_field, units_within
-
-
-def merged_entropy(schedule: Schedule, start: int, merge: int) -> float:
-    """Per-dimension entropy (nats) of one SDE jump from step ``start`` over ``merge`` steps.
-
-    The jump's std is the kernel's std for ``s_start -> s_{start+merge}`` (one Euler-Maruyama step with
-    the std evaluated at ``s_start`` and ``dt = s_{start+merge} - s_start``); ``h = 0.5 log(2 pi e) + log std``.
-    """
-    s = torch.tensor([schedule.sigmas[start]])
-    s_next = torch.tensor([schedule.sigmas[start + merge]])
-    std = schedule.kernel.std_only(s, s_next, schedule.s_at_one)
-    return float(entropy_per_dim(std)[0])
 
 
 def greedy_units(schedule: Schedule, tau: float, end_by: int, max_merge: int) -> list[tuple[int, int]]:

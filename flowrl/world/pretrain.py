@@ -1,0 +1,481 @@
+"""Pre-training the embedded world's base model by flow matching on rendered train-split images.
+
+The model is a pixel-space tiny ``FluxPipeline`` (no VAE; ``patch x patch`` pixel tokens) built by
+:func:`flowrl.backbones.tiny.tiny_flux_pipeline` over the world's :func:`~flowrl.world.vocabulary`. Each
+step draws ``batch_size`` (image, prompt) pairs of the ``"train"`` split (never a held-out colour-shape
+pair), packs the pixels in [-1, 1] as ``x0`` (:meth:`FluxAdapter.encode_images`), draws noise ``eps`` and
+a noise level ``s`` in (0, 1), forms ``x_s = (1 - s) x0 + s eps`` and regresses the transformer's output
+on ``v = eps - x0`` (mean squared error). The transformer is called through
+:meth:`FluxAdapter.velocity` (``timestep = s``), the very call sampling and RL make, so the convention
+cannot drift. The text encoders (CLIP pooled vector, T5 tokens) train jointly by default; their
+encodings are computed with gradients here, never through the adapter's prompt cache.
+
+A pre-training recipe is a small TOML file of its own (``recipes/pretrain/world.toml``)::
+
+    name, seed, output_dir          top level ("" output_dir: the shipped flowrl/world/base_model)
+    [model]   TinyFluxSpec sizes    (pixel space; see :class:`ModelConfig`)
+    [train]   steps, batch, AdamW, noise-level distribution, EMA, data pool (:class:`TrainConfig`)
+    [eval]    held-out / train verifier scores with the ODE sampler (:class:`EvalConfig`)
+
+The result is saved with ``FluxPipeline.save_pretrained`` (fp32 safetensors) plus ``pretrain.toml``
+(the resolved recipe) and ``pretrain.json`` (scores, timings); it loads as the ``world_tiny`` backbone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+import tomllib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+import torch
+from attrs.validators import ge, gt, in_, le, lt
+from tqdm.auto import tqdm
+
+from flowrl.backbones.flux import FluxAdapter
+from flowrl.backbones.tiny import TinyFluxSpec, tiny_flux_pipeline
+from flowrl.config import ConfigError, structure, unstructure
+from flowrl.recipe import RecipeError, _apply_override
+from flowrl.types import Conditioning
+
+positive: Any = gt(0)
+
+
+# -- the recipe --------------------------------------------------------------------------------------
+@attrs.frozen
+class ModelConfig:
+    """Sizes of the pixel-space tiny FLUX (the :class:`~flowrl.backbones.tiny.TinyFluxSpec` fields)."""
+
+    image_size: int = attrs.field(default=32, validator=positive)
+    patch: int = attrs.field(default=4, validator=positive)  # pixels per token side: (32/4)^2 = 64 tokens
+    num_layers: int = attrs.field(default=2, validator=ge(0))  # double-stream blocks
+    num_single_layers: int = attrs.field(default=2, validator=ge(0))  # single-stream blocks
+    attention_head_dim: int = attrs.field(default=16, validator=positive)
+    num_attention_heads: int = attrs.field(default=4, validator=positive)
+    axes_dims_rope: tuple[int, int, int] = (4, 6, 6)  # must sum to attention_head_dim
+    joint_attention_dim: int = attrs.field(default=32, validator=positive)  # T5 width
+    pooled_projection_dim: int = attrs.field(default=32, validator=positive)  # CLIP width
+    text_hidden: int = attrs.field(default=64, validator=positive)  # text encoders' feed-forward width
+    text_layers: int = attrs.field(default=2, validator=positive)
+    text_heads: int = attrs.field(default=2, validator=positive)
+    max_length: int = attrs.field(default=16, validator=positive)  # tokenizer length (world_tiny's default)
+    shift: float = attrs.field(default=3.0, validator=positive)  # the saved scheduler's shift
+
+    def spec(self) -> TinyFluxSpec:
+        return TinyFluxSpec(pixel_space=True, guidance_embeds=False, **attrs.asdict(self))
+
+
+@attrs.frozen
+class TrainConfig:
+    """The optimisation (``[train]``)."""
+
+    steps: int = attrs.field(default=4000, validator=positive)  # optimizer steps
+    batch_size: int = attrs.field(default=128, validator=positive)
+    lr: float = attrs.field(default=1e-3, validator=positive)  # AdamW peak learning rate
+    weight_decay: float = attrs.field(default=0.01, validator=ge(0))
+    warmup_steps: int = attrs.field(default=200, validator=ge(0))  # linear warm-up
+    lr_schedule: Literal["constant", "cosine"] = attrs.field(default="cosine", validator=in_(("constant", "cosine")))
+    min_lr_ratio: float = attrs.field(default=0.1, validator=[ge(0), le(1)])  # cosine floor, times lr
+    max_grad_norm: float = attrs.field(default=1.0, validator=positive)
+    # noise level s: "uniform" on (0, 1) or "logit_normal" (sigmoid of N(logit_mean, logit_std^2)), then
+    # shifted like the sampling grid, s <- k s / (1 + (k - 1) s) with k = timestep_shift (1: unchanged)
+    timesteps: Literal["uniform", "logit_normal"] = attrs.field(
+        default="logit_normal", validator=in_(("uniform", "logit_normal"))
+    )
+    logit_mean: float = 0.0
+    logit_std: float = attrs.field(default=1.0, validator=positive)
+    timestep_shift: float = attrs.field(default=1.0, validator=positive)
+    train_text_encoders: bool = True  # train CLIP and T5 jointly with the transformer
+    ema_decay: float = attrs.field(default=0.999, validator=[ge(0), lt(1)])  # 0: no EMA; EMA weights are saved
+    pool_size: int = attrs.field(default=32768, validator=ge(0))  # images rendered once up front; 0: fresh each step
+    log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
+    checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
+    threads: int = attrs.field(default=2, validator=ge(0))  # torch.set_num_threads (0: leave as is)
+
+
+@attrs.frozen
+class EvalConfig:
+    """Verifier scores of ODE samples on held-out and train prompts (``[eval]``)."""
+
+    every: int = attrs.field(default=500, validator=ge(0))  # steps between evaluations (0: only at the end)
+    prompts: int = attrs.field(default=64, validator=positive)  # held-out prompts (WorldPrompts' default 64)
+    num_steps: int = attrs.field(default=16, validator=positive)  # ODE steps
+    shift: float = attrs.field(default=3.0, validator=positive)  # sampling grid shift
+    seed: int = attrs.field(default=0, validator=ge(0))  # initial noise
+
+
+@attrs.frozen
+class PretrainRecipe:
+    """A pre-training recipe (``flowrl pretrain``)."""
+
+    name: str = "world"
+    seed: int = attrs.field(default=0, validator=ge(0))  # weights, data and noise
+    output_dir: str = ""  # "": the shipped base model, flowrl/world/base_model/
+    model: ModelConfig = attrs.field(factory=ModelConfig)
+    train: TrainConfig = attrs.field(factory=TrainConfig)
+    eval: EvalConfig = attrs.field(factory=EvalConfig)
+
+
+class PretrainRecipeError(RecipeError):
+    """Problems in a pre-training recipe, reported on one line (the file, then each key and problem)."""
+
+    def report(self) -> str:
+        n = len(self.problems)
+        items = "; ".join(f"[{path}] {msg}" for path, msg in self.problems)
+        return f"recipe error: {n} problem{'s' if n != 1 else ''} in {self.source}: {items}"
+
+
+def load_pretrain_recipe(path: str | Path, overrides: Sequence[str] = ()) -> PretrainRecipe:
+    """Read, override (``table.key=value``) and validate a pre-training recipe; raise :class:`PretrainRecipeError`."""
+    source = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PretrainRecipeError(source, [("file", "no such recipe file")]) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise PretrainRecipeError(source, [("file", f"cannot read: {error}")]) from None
+    except tomllib.TOMLDecodeError as error:
+        raise PretrainRecipeError(source, [("toml", f"syntax error: {error}")]) from None
+    return pretrain_recipe_from_dict(data, overrides, source)
+
+
+def pretrain_recipe_from_dict(
+    data: dict[str, Any], overrides: Sequence[str] = (), source: str = "<recipe>"
+) -> PretrainRecipe:
+    """Validate parsed recipe data; every problem is collected before raising."""
+    data = json.loads(json.dumps(data))  # a deep copy of plain TOML data
+    problems: list[tuple[str, str]] = []
+    for item in overrides:
+        _apply_override(data, item, problems)
+    recipe = None
+    if not problems:
+        try:
+            recipe = structure(PretrainRecipe, data)
+        except ConfigError as error:
+            problems.extend(error.problems)
+    if recipe is not None:
+        try:
+            recipe.model.spec()
+        except ValueError as error:
+            problems.append(("model", str(error)))
+    if problems or recipe is None:
+        raise PretrainRecipeError(source, problems)
+    return recipe
+
+
+# -- the model ---------------------------------------------------------------------------------------
+class _Adapter(FluxAdapter):
+    """The FLUX adapter around a pipeline built here (so velocity and decoding match the world_tiny backbone)."""
+
+    def __init__(self, pipe: Any, config: Any) -> None:
+        self._fresh = pipe
+        super().__init__(config)
+
+    def load_pipeline(self) -> Any:
+        return self._fresh
+
+
+def build_backbone(model: ModelConfig, seed: int) -> FluxAdapter:
+    """A randomly initialised pixel-space tiny FLUX over the world's vocabulary, behind the FLUX adapter."""
+    from flowrl.world.components import WorldTiny
+    from flowrl.world.grammar import vocabulary
+
+    spec = model.spec()
+    pipe = tiny_flux_pipeline(spec, words=vocabulary(), seed=seed)
+    config = WorldTiny.Config(resolution=spec.image_size, max_sequence_length=spec.max_length)
+    return _Adapter(pipe, config)
+
+
+def parameter_counts(backbone: FluxAdapter) -> dict[str, int]:
+    """Parameters of the transformer and of the two text encoders."""
+    pipe = backbone.pipe
+    count = {name: sum(p.numel() for p in getattr(pipe, name).parameters())
+             for name in ("transformer", "text_encoder", "text_encoder_2")}
+    return count
+
+
+def forward_ms(backbone: FluxAdapter, batch: int = 32, repeats: int = 10) -> float:
+    """Median wall time (ms) of one transformer forward at ``batch`` rows (no gradients)."""
+    cond = backbone.encode(["a red circle"] * batch)
+    x = torch.randn(batch, *backbone.latent_shape)
+    s = torch.full((batch,), 0.5)
+    times = []
+    with torch.no_grad():
+        backbone.velocity(x, s, cond)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            backbone.velocity(x, s, cond)
+            times.append(time.perf_counter() - start)
+    backbone._cache.clear()
+    return 1000.0 * float(np.median(times))
+
+
+@contextlib.contextmanager
+def _swapped_in(params: list[tuple[str, torch.nn.Parameter]], shadow: dict[str, torch.Tensor] | None) -> Iterator[None]:
+    """Temporarily load EMA weights (``shadow``) into ``params``; a no-op without EMA."""
+    if shadow is None:
+        yield
+        return
+    saved = [p.detach().clone() for _, p in params]
+    with torch.no_grad():
+        for name, p in params:
+            p.copy_(shadow[name])
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for (_, p), value in zip(params, saved, strict=True):
+                p.copy_(value)
+
+
+# -- the loop ----------------------------------------------------------------------------------------
+@attrs.define
+class PretrainResult:
+    """What :func:`pretrain` did: the output folder, the loss per step, evaluations and timings."""
+
+    output_dir: Path
+    losses: list[float]
+    evals: list[dict[str, float]]
+    wall_s: float
+    parameters: dict[str, int]
+
+
+class Pretrainer:
+    """Flow-matching pre-training of the world's tiny FLUX; :meth:`run` is the whole job."""
+
+    def __init__(self, recipe: PretrainRecipe, output_dir: str | Path | None = None, quiet: bool = False) -> None:
+        from flowrl.world.components import BASE_MODEL
+
+        self.recipe = recipe
+        self.cfg = recipe.train
+        self.quiet = quiet
+        self.output_dir = Path(output_dir or recipe.output_dir or BASE_MODEL)
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        torch.manual_seed(recipe.seed)
+        self.generator = torch.Generator().manual_seed(recipe.seed)
+        self.backbone = build_backbone(recipe.model, recipe.seed)
+        pipe = self.backbone.pipe
+        modules = [pipe.transformer]
+        if self.cfg.train_text_encoders:
+            modules += [pipe.text_encoder, pipe.text_encoder_2]
+        self.modules = modules
+        for module in modules:
+            module.requires_grad_(True)
+        self.params = [(f"{i}.{n}", p) for i, m in enumerate(modules) for n, p in m.named_parameters()]
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.params], lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+        )
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.ema = None
+        if self.cfg.ema_decay > 0:
+            from flowrl.trainer.ema import EMA
+
+            self.ema = EMA(self.params, self.cfg.ema_decay)
+        self.pool: torch.Tensor | None = None
+        self.pool_prompts: list[str] = []
+        self.step = 0
+
+    # -- pieces -----------------------------------------------------------------------------------
+    def _lr_factor(self, k: int) -> float:
+        warm = self.cfg.warmup_steps
+        if k < warm:
+            return (k + 1) / warm
+        if self.cfg.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (k - warm) / max(1, self.cfg.steps - warm))
+        floor = self.cfg.min_lr_ratio
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def render_pool(self) -> None:
+        """Render ``pool_size`` train-split images once (sampled with kinds drawn uniformly)."""
+        from flowrl.world.grammar import sample_scenes
+        from flowrl.world.render import render_batch
+
+        n = self.cfg.pool_size
+        scenes = sample_scenes("train", n, self.recipe.seed)
+        size = self.recipe.model.image_size
+        images = render_batch(scenes, self.recipe.seed, size)
+        self.pool = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+        self.pool_prompts = [s.text for s in scenes]
+
+    def batch(self, step: int) -> tuple[torch.Tensor, list[str]]:
+        """One batch of train-split images ``(B, 3, H, W)`` in [0, 1] and their prompts."""
+        b = self.cfg.batch_size
+        if self.pool is not None:
+            index = torch.randint(len(self.pool), (b,), generator=self.generator)
+            return self.pool[index].float() / 255.0, [self.pool_prompts[int(i)] for i in index]
+        from flowrl.world.grammar import sample_scenes
+        from flowrl.world.render import render_batch
+
+        seed = self.recipe.seed * 1_000_003 + step + 1
+        scenes = sample_scenes("train", b, seed)
+        images = render_batch(scenes, seed, self.recipe.model.image_size)
+        return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0, [s.text for s in scenes]
+
+    def encode(self, prompts: list[str]) -> Conditioning:
+        """Prompt encodings with gradients into the text encoders (the adapter's cache is bypassed)."""
+        with contextlib.nullcontext() if self.cfg.train_text_encoders else torch.no_grad():
+            embeds, pooled, text_ids = self.backbone.pipe.encode_prompt(
+                prompt=prompts, prompt_2=None, device=self.backbone.device,
+                max_sequence_length=self.backbone.config.max_sequence_length,
+            )
+        self.backbone._text_ids = text_ids
+        return Conditioning({"embeds": embeds.float(), "pooled": pooled.float()})
+
+    def noise_levels(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """``n`` noise levels in (0, 1) from the recipe's distribution."""
+        if self.cfg.timesteps == "uniform":
+            s = torch.rand(n, generator=generator)
+        else:
+            s = torch.sigmoid(self.cfg.logit_mean + self.cfg.logit_std * torch.randn(n, generator=generator))
+        k = self.cfg.timestep_shift
+        s = k * s / (1 + (k - 1) * s)
+        return s.clamp(1e-5, 1 - 1e-5)
+
+    def loss(self, images: torch.Tensor, prompts: list[str], generator: torch.Generator) -> torch.Tensor:
+        """The flow-matching loss ``|v_theta(x_s, s) - (eps - x0)|^2`` on one batch."""
+        x0 = self.backbone.encode_images(images)
+        eps = torch.randn(x0.shape, generator=generator)
+        s = self.noise_levels(len(images), generator)
+        xs = (1 - s[:, None, None]) * x0 + s[:, None, None] * eps
+        v = self.backbone.velocity(xs, s, self.encode(prompts))
+        return torch.nn.functional.mse_loss(v, eps - x0)
+
+    def train_step(self, images: torch.Tensor, prompts: list[str], generator: torch.Generator) -> float:
+        """One AdamW step on one batch; returns the loss before the step."""
+        for module in self.modules:
+            module.train()
+        loss = self.loss(images, prompts, generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in self.params], self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.lr_schedule.step()
+        if self.ema is not None:  # warm-up of the decay so the random initialisation fades fast
+            self.ema.decay = min(self.cfg.ema_decay, (1 + self.step) / (10 + self.step))
+            self.ema.update()
+        self.step += 1
+        return float(loss.detach())
+
+    def weights(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which the model holds the weights to evaluate and save (EMA when enabled)."""
+        return _swapped_in(self.params, None if self.ema is None else self.ema.shadow)
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean verifier score and strict rate of ODE samples on held-out and train-split prompts."""
+        import flowrl
+        from flowrl.evaluate import evaluate
+        from flowrl.types import Schedule
+        from flowrl.world.components import WorldPrompts, WorldVerifier
+        from flowrl.world.grammar import sample_scenes
+
+        e = self.recipe.eval
+        heldout = WorldPrompts(WorldPrompts.Config(heldout_count=e.prompts)).heldout()
+        train = [s.text for s in sample_scenes("train", e.prompts, 1234)]
+        schedule = Schedule(self.backbone.schedule_sigmas(e.num_steps, e.shift), flowrl.build("kernel", {"type": "ode"}))
+        reward = [("world", 1.0, WorldVerifier(WorldVerifier.Config()))]
+        for module in (self.backbone.pipe.transformer, self.backbone.pipe.text_encoder, self.backbone.pipe.text_encoder_2):
+            module.eval()
+        out: dict[str, float] = {}
+        with self.weights():
+            for split, prompts in (("heldout", heldout), ("train", train)):
+                self.backbone._cache.clear()  # the text encoders have changed since the last evaluation
+                figures = evaluate(self.backbone, prompts, reward, schedule, seed=e.seed)
+                out[f"{split}/score"], out[f"{split}/strict"] = figures["score"], figures["strict"]
+        self.backbone._cache.clear()
+        return out
+
+    def save(self, folder: Path) -> None:
+        """``save_pretrained`` (fp32 safetensors) with the weights of :meth:`weights`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        with self.weights():
+            self.backbone.pipe.save_pretrained(folder, safe_serialization=True)
+
+    def log(self, message: str) -> None:
+        tqdm.write(message)
+
+    # -- the whole job ----------------------------------------------------------------------------
+    def run(self) -> PretrainResult:
+        cfg = self.cfg
+        counts = parameter_counts(self.backbone)
+        self.log(
+            f"pretrain {self.recipe.name}: transformer {counts['transformer']:,} params, text encoders "
+            f"{counts['text_encoder'] + counts['text_encoder_2']:,}; {cfg.steps} steps at batch {cfg.batch_size}"
+        )
+        start = time.perf_counter()
+        if cfg.pool_size:
+            self.render_pool()
+            self.log(f"rendered {cfg.pool_size} train-split images in {time.perf_counter() - start:.1f}s")
+        losses: list[float] = []
+        evals: list[dict[str, float]] = []
+        eval_s = 0.0
+        smooth = float("nan")
+        bar = tqdm(total=cfg.steps, desc=f"pretrain {self.recipe.name}", disable=self.quiet)
+        try:
+            while self.step < cfg.steps:
+                images, prompts = self.batch(self.step)
+                loss = self.train_step(images, prompts, self.generator)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"the loss is {loss} at step {self.step}; lower train.lr")
+                losses.append(loss)
+                smooth = loss if math.isnan(smooth) else 0.98 * smooth + 0.02 * loss
+                bar.update(1)
+                bar.set_postfix(loss=f"{smooth:.4f}")
+                if cfg.log_every and self.step % cfg.log_every == 0:
+                    recent = float(np.mean(losses[-cfg.log_every :]))
+                    wall = time.perf_counter() - start - eval_s
+                    lr = self.lr_schedule.get_last_lr()[0]
+                    self.log(f"step {self.step}/{cfg.steps}  loss {recent:.4f}  lr {lr:.2e}  {wall:.0f}s")
+                every = self.recipe.eval.every
+                if (every and self.step % every == 0) or self.step == cfg.steps:
+                    t0 = time.perf_counter()
+                    figures = {"step": self.step, **self.evaluate()}
+                    eval_s += time.perf_counter() - t0
+                    evals.append(figures)
+                    self.log(
+                        f"eval step {self.step}: held-out score {figures['heldout/score']:.3f} strict "
+                        f"{figures['heldout/strict']:.3f} | train score {figures['train/score']:.3f} strict "
+                        f"{figures['train/strict']:.3f}"
+                    )
+                if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
+                    self.save(self.output_dir / "checkpoints" / f"step-{self.step}")
+        finally:
+            bar.close()
+        wall = time.perf_counter() - start - eval_s
+        self.save(self.output_dir)
+        self._write_provenance(losses, evals, wall, counts)
+        self.log(f"saved {self.output_dir} after {self.step} steps, {wall:.0f}s of training")
+        return PretrainResult(self.output_dir, losses, evals, wall, counts)
+
+    def _write_provenance(
+        self, losses: list[float], evals: list[dict[str, float]], wall: float, counts: dict[str, int]
+    ) -> None:
+        from flowrl.tomlwrite import dumps
+
+        recipe = unstructure(self.recipe)
+        recipe["output_dir"] = self.recipe.output_dir
+        (self.output_dir / "pretrain.toml").write_text(
+            "# The resolved recipe this model was pre-trained with: flowrl pretrain <this file>\n" + dumps(recipe)
+        )
+        tail = losses[-min(len(losses), 100):]
+        info = {
+            "steps": self.step,
+            "train_wall_s": round(wall, 1),
+            "final_loss": float(np.mean(tail)) if tail else None,
+            "parameters": counts,
+            "evals": evals,
+            "torch": torch.__version__,
+        }
+        (self.output_dir / "pretrain.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def pretrain(recipe: PretrainRecipe, output_dir: str | Path | None = None, quiet: bool = False) -> PretrainResult:
+    """Pre-train as ``recipe`` says and save the pipeline into ``output_dir`` (default: the recipe's)."""
+    return Pretrainer(recipe, output_dir, quiet).run()
