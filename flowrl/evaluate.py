@@ -21,7 +21,7 @@ def ode_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed:
         cond = backbone.encode(chunk)
         x = backbone.noise(len(chunk), generator)
         rows = torch.arange(len(chunk))
-        out.append(backbone.decode(walk(backbone, x, cond, rows, 0, plan, schedule, generator)).cpu())
+        out.append(backbone.decode(walk(backbone, x, cond, rows, 0, plan, schedule, None)).cpu())
     return torch.cat(out)
 
 

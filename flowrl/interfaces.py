@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from flowrl.rng import RolloutRNG
 from flowrl.types import (
     Advantages,
     Conditioning,
@@ -107,6 +108,7 @@ class Backbone(Component, ABC):
     """
 
     nfe: int = 0
+    device: torch.device = torch.device("cpu")
     forward_s: float = 0.0  # seconds spent in transformer forwards (for the time-outside-the-model share)
 
     @property
@@ -118,9 +120,14 @@ class Backbone(Component, ABC):
     def encode(self, prompts: list[str]) -> Conditioning:
         """Prompt conditioning, one row per prompt (cached per prompt where possible)."""
 
+    @property
     @abstractmethod
+    def latent_shape(self) -> tuple[int, ...]:
+        """The shape of one latent (without the batch dimension)."""
+
     def noise(self, n: int, generator: torch.Generator) -> Tensor:
-        """``n`` initial latents ``x_1 ~ N(0, I)``."""
+        """``n`` initial latents ``x_1 ~ N(0, I)`` from one generator."""
+        return torch.randn((n, *self.latent_shape), generator=generator).to(self.device)
 
     @abstractmethod
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
@@ -141,10 +148,8 @@ class RolloutSampler(Component, ABC):
     """Generates the group of rollouts for each prompt from a plan."""
 
     @abstractmethod
-    def rollout(
-        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, generator: torch.Generator
-    ) -> Rollout:
-        """Sample images and record the trained transitions."""
+    def rollout(self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
+        """Sample images and record the trained transitions; every random draw goes through ``rng``."""
 
     def rollouts_per_prompt(self) -> int:
         """How many images each prompt yields (for logging and batch sizing)."""

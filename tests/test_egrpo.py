@@ -13,6 +13,7 @@ from flowrl_zoo.egrpo import greedy_units, merged_entropy
 import flowrl
 from flowrl.advantages import group_normalize
 from flowrl.recipe import recipe_from_dict
+from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import walk
 from flowrl.trainer import Trainer
 from flowrl.types import Plan, RewardBatch, Schedule, Unit
@@ -80,15 +81,15 @@ def test_tail_starts_after_the_merged_jump() -> None:
     plan = Plan(units=(Unit(1, 3),), trained=(0,))
     prompts = ["a red circle"]
     with torch.no_grad():
-        rollout = sampler.rollout(backbone, prompts, plan, schedule, torch.Generator().manual_seed(0))
-        x1 = backbone.noise(1, torch.Generator().manual_seed(0))
+        rollout = sampler.rollout(backbone, prompts, plan, schedule, RolloutRNG(0, 0, [0]))
+        x1 = RolloutRNG(0, 0, [0]).randn(torch.arange(1), backbone.latent_shape)
         cond = backbone.encode(prompts)
         rows = torch.arange(1)
-        x = walk(backbone, x1, cond, rows, 0, Plan((), ()), schedule, torch.Generator(), stop=1)
+        x = walk(backbone, x1, cond, rows, 0, Plan((), ()), schedule, None, stop=1)
         merged = Plan(units=(Unit(1, 3),), trained=())
-        expected = walk(backbone, x, cond, rows, 1, merged, schedule, torch.Generator())
-        wrong = walk(backbone, x, cond, rows, 1, Plan((Unit(1, 3),), ()), schedule, torch.Generator(), stop=4)
-        wrong = walk(backbone, wrong, cond, rows, 2, Plan((), ()), schedule, torch.Generator())
+        expected = walk(backbone, x, cond, rows, 1, merged, schedule, RolloutRNG(0, 0, [0]))
+        wrong = walk(backbone, x, cond, rows, 1, merged, schedule, RolloutRNG(0, 0, [0]), stop=4)
+        wrong = walk(backbone, wrong, cond, rows, 2, Plan((), ()), schedule, None)
     images = backbone.decode(expected)
     assert torch.allclose(rollout.images[0], images[0], atol=1e-5)
     assert torch.allclose(rollout.images[1], images[0], atol=1e-5)
@@ -101,7 +102,7 @@ def test_rollouts_in_a_unit_differ_and_share_the_input() -> None:
     schedule = Schedule(backbone.schedule_sigmas(6, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
     plan = Plan(units=(Unit(0, 1), Unit(1, 2)), trained=(0, 1))
     with torch.no_grad():
-        rollout = sampler.rollout(backbone, ["a", "b"], plan, schedule, torch.Generator().manual_seed(0))
+        rollout = sampler.rollout(backbone, ["a", "b"], plan, schedule, RolloutRNG(0, 0, [0, 1]))
     assert rollout.num_rollouts == 2 * 2 * 4
     t = rollout.transitions
     assert t.num_inputs == 4 and len(t) == 16
@@ -119,7 +120,7 @@ def test_single_unit_equals_plain_group_norm(mode: str) -> None:
     sampler = flowrl.build("sampler", {"type": "egrpo_branch", "group_size": 5, "num_steps": 4})
     schedule = Schedule(backbone.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
     with torch.no_grad():
-        rollout = sampler.rollout(backbone, ["a", "b", "c"], Plan((Unit(2, 1),), (0,)), schedule, torch.Generator())
+        rollout = sampler.rollout(backbone, ["a", "b", "c"], Plan((Unit(2, 1),), (0,)), schedule, RolloutRNG(0, 0, [0, 1, 2]))
     rewards = torch.randn(rollout.num_rollouts)
     estimator = flowrl.build("advantage", {"type": "group_norm", "multi_reward": mode})
     out = estimator(RewardBatch({"r": rewards}, {"r": 1.0}), rollout)

@@ -7,6 +7,7 @@ import torch
 
 import flowrl
 from flowrl.evaluate import ode_images
+from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import walk
 from flowrl.types import Plan, Schedule
 
@@ -22,8 +23,7 @@ def test_all_ode_plan_matches_flux_pipeline(pixel_space: bool, steps: int) -> No
     # With vae=None diffusers assumes 16 pixels per token; ask for the size that gives our token grid.
     size = backbone.latent_grid() * 16 if pixel_space else 32
     with torch.no_grad():
-        ours = walk(backbone, x1, backbone.encode(prompts), torch.arange(3), 0, Plan((), ()), schedule,
-                    torch.Generator())
+        ours = walk(backbone, x1, backbone.encode(prompts), torch.arange(3), 0, Plan((), ()), schedule, None)
         theirs = backbone.pipe(
             prompt=prompts,
             latents=x1.clone(),
@@ -55,5 +55,5 @@ def test_sde_plan_with_zero_noise_equals_ode() -> None:
         schedule = Schedule(backbone.schedule_sigmas(4, 3.0), flowrl.build("kernel", kernel))
         plan = Plan(units=(flowrl.Unit(0), flowrl.Unit(1, 2)), trained=(0, 1))
         with torch.no_grad():
-            out.append(walk(backbone, x1, cond, torch.arange(2), 0, plan, schedule, torch.Generator()))
+            out.append(walk(backbone, x1, cond, torch.arange(2), 0, plan, schedule, RolloutRNG(0, 0, [0, 1])))
     assert torch.allclose(out[0], out[1], atol=1e-6)

@@ -99,9 +99,6 @@ class FluxAdapter(Backbone):
         rows = [self._cache[p] for p in prompts]
         return Conditioning({"embeds": torch.stack([r[0] for r in rows]), "pooled": torch.stack([r[1] for r in rows])})
 
-    def noise(self, n: int, generator: torch.Generator) -> Tensor:
-        return torch.randn((n, *self.latent_shape), generator=generator).to(self.device)
-
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
         self.nfe += int(x.shape[0])
         guidance = None

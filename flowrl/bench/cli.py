@@ -1,10 +1,69 @@
-"""``flowrl bench`` arguments (placeholder until the harness lands)."""
+"""``flowrl bench`` arguments. Light at import time: the harness (and torch) load when the command runs."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipes", nargs="+")
-    parser.set_defaults(func=lambda args: 1)
+    parser.description = (
+        "Train each recipe with each seed under the same rollout NFE budget (in this process, one after"
+        " another) and write results.json, results.md and score-vs-NFE / score-vs-wall-time plots."
+    )
+    parser.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe files; each needs held-out prompts")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
+    parser.add_argument("--nfe-budget", type=int, required=True, metavar="N",
+                        help="stop each run once its rollouts used N transformer evaluations (trainer.max_nfe)")
+    parser.add_argument("--eval-every", type=int, default=5, metavar="K",
+                        help="held-out evaluation every K iterations (default: 5)")
+    parser.add_argument("--eval-prompts", type=int, default=None, metavar="M",
+                        help="held-out prompts per evaluation (default: the recipe's trainer.eval_prompts)")
+    parser.add_argument("--metric", default=None,
+                        help="held-out metric to compare (default: eval/score if logged, else the first eval/* key)")
+    parser.add_argument("--reference", default=None, metavar="NAME",
+                        help="recipe name the others are compared with (default: the first recipe's)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key in every recipe (repeatable)")
+    parser.add_argument("--output-dir", default=None, metavar="DIR",
+                        help="report folder; runs go to DIR/runs/<name>/seed<k> (default: runs/bench-<time>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse runs in DIR that finished with the same resolved recipe (needs --output-dir)")
+    parser.add_argument("--quiet", action="store_true", help="no per-run training bars (the bar over runs stays)")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from flowrl.bench import BenchError
+
+    try:
+        return _run(args)
+    except BenchError as error:
+        message = str(error)
+        print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from flowrl.bench import BenchError
+    from flowrl.bench.report import markdown
+    from flowrl.bench.run import parse_seeds, run_bench
+
+    if args.resume and args.output_dir is None:
+        raise BenchError("--resume needs --output-dir (the bench folder whose runs to reuse)")
+    seeds = parse_seeds(args.seeds)
+    out = Path(args.output_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    results = run_bench(
+        args.recipes, seeds, args.nfe_budget, out,
+        eval_every=args.eval_every, eval_prompts=args.eval_prompts, overrides=args.set,
+        reference=args.reference, metric=args.metric, resume=args.resume, quiet=args.quiet,
+    )
+    print(markdown(results), end="")
+    reused = results["bench"].get("reused") or []
+    if reused:
+        print(f"reused {len(reused)} finished run(s): {', '.join(reused)}")
+    print(f"report: {out / 'results.md'} (results.json, score_vs_nfe.png, score_vs_wall_s.png)")
+    return 0

@@ -28,7 +28,8 @@ def plot_curves(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
         for i, (name, method) in enumerate(results["methods"].items()):
             curve, colour = method[key], f"C{i % 10}"
             n = method["final_score"]["n"]
-            ax.plot(curve["x"], curve["mean"], color=colour, label=f"{name} (n={n})", marker="." if len(curve["x"]) < 30 else None)
+            marker = "." if len(curve["x"]) < 30 else None
+            ax.plot(curve["x"], curve["mean"], color=colour, label=f"{name} (n={n})", marker=marker)
             if n > 1:
                 ax.fill_between(curve["x"], curve["min"], curve["max"], color=colour, alpha=0.2, linewidth=0)
         ax.axhline(results["target_score"], color="0.4", linestyle="--", linewidth=1,

@@ -157,7 +157,7 @@ def seed_summary(run_dir: Path, rows: Sequence[Mapping[str, Any]], points: Seque
     scored = [p for p in points if _number(p.get(metric)) is not None]
     if not scored:
         raise BenchError(f"{run_dir}: every '{metric}' value is missing or non-finite")
-    curve = {
+    curve: dict[str, list[Any]] = {
         "step": [int(p.get("step", 0)) for p in scored],
         "nfe": [float(p.get("nfe", 0)) for p in scored],
         "wall_s": [float(p.get("wall_s", 0.0)) for p in scored],

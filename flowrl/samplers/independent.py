@@ -8,6 +8,7 @@ from attrs.validators import ge, gt
 
 from flowrl.interfaces import Backbone, RolloutSampler
 from flowrl.registry import register
+from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import TrajectoryRecorder, walk
 from flowrl.types import Plan, Rollout, Schedule
 
@@ -23,19 +24,18 @@ class IndependentSampler(RolloutSampler):
         shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
         same_noise: bool = False  # one initial noise shared by a prompt's G rollouts (DanceGRPO)
 
-    def rollout(
-        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, generator: torch.Generator
-    ) -> Rollout:
+    def rollout(self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
         g = self.config.group_size
         nfe0 = backbone.nfe
         cond = backbone.encode(prompts)
         rollout_prompt = torch.arange(len(prompts)).repeat_interleave(g)
         if self.config.same_noise:
-            x = backbone.noise(len(prompts), generator).repeat_interleave(g, dim=0)
+            x = rng.randn(torch.arange(len(prompts)), backbone.latent_shape, backbone.device)
+            x = x.repeat_interleave(g, dim=0)
         else:
-            x = backbone.noise(len(rollout_prompt), generator)
+            x = rng.randn(rollout_prompt, backbone.latent_shape, backbone.device)
         recorder = TrajectoryRecorder(plan, rollout_index=torch.arange(len(rollout_prompt)))
-        x = walk(backbone, x, cond.take(rollout_prompt), rollout_prompt, 0, plan, schedule, generator, recorder)
+        x = walk(backbone, x, cond.take(rollout_prompt), rollout_prompt, 0, plan, schedule, rng, recorder)
         return Rollout(
             prompts=list(prompts),
             cond=cond,

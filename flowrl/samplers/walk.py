@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from flowrl.interfaces import Backbone
+from flowrl.rng import RolloutRNG
 from flowrl.types import Conditioning, Plan, Schedule, Transitions
 
 
@@ -57,13 +58,14 @@ def walk(
     start: int,
     plan: Plan,
     schedule: Schedule,
-    generator: torch.Generator,
+    rng: RolloutRNG | None,
     recorder: TrajectoryRecorder | None = None,
     stop: int | None = None,
 ) -> Tensor:
     """Denoise ``x`` from grid step ``start`` to ``stop`` (default: the end): the plan's units as SDE jumps.
 
-    ``cond`` has one row per latent; ``cond_rows`` names each latent's prompt (recorded with transitions).
+    ``cond`` has one row per latent; ``cond_rows`` names each latent's prompt (recorded with transitions,
+    and keying the SDE noise to the prompt's generator).
     """
     sigmas = schedule.tensor().to(x.device)
     stop = schedule.num_steps if stop is None else stop
@@ -77,7 +79,9 @@ def walk(
         if unit is None:
             x = x.float() + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
         else:
-            noise = torch.randn(x.shape, generator=generator).to(x.device)
+            if rng is None:
+                raise ValueError("a plan with SDE units needs a RolloutRNG")
+            noise = rng.randn(cond_rows, x.shape[1:], x.device)
             out = schedule.kernel.step(x, v, s, s_next, schedule.s_at_one, noise)
             if recorder is not None:
                 recorder.record(plan.units.index(unit), x, s, cond_rows, s_next, out.next, out.log_prob)

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from flowrl.interfaces import Backbone, RewardModel
 from flowrl.recipe import Recipe
+from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
     find_checkpoint,
     load_checkpoint,
@@ -66,7 +67,6 @@ class Trainer:
         sigmas = self.backbone.schedule_sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
         self.schedule = Schedule(sigmas=sigmas, kernel=kernel)
         self._setup_model()
-        self.generator = torch.Generator().manual_seed(recipe.seed * 1000 + self.accelerator.process_index)
         self.step = 0
         self.nfe = 0
         self.wall = 0.0
@@ -139,13 +139,16 @@ class Trainer:
         t0 = time.perf_counter()
         forward0 = self.backbone.forward_s
         step = self.step
-        # 1. prompts and plan
-        prompts = self.prompts.sample(self.cfg.prompts_per_step, self.generator)
-        plan = self.selector.plan(self.schedule, step, self.generator)
+        # 1. prompts (this process's slice of the global batch) and plan
+        seed, per, rank = self.recipe.seed, self.cfg.prompts_per_step, self.accelerator.process_index
+        everyone = self.prompts.sample(per * self.accelerator.num_processes, generator(seed, step, "prompts"))
+        prompts = everyone[rank * per : (rank + 1) * per]
+        plan = self.selector.plan(self.schedule, step, generator(seed, step, "plan"))
         # 2. rollout with the current (old) policy
         self.backbone.module.eval()  # type: ignore[attr-defined]
+        rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
         with torch.no_grad():
-            rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, self.generator)
+            rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
         t_rollout = time.perf_counter() - t0
         # 3. rewards and advantages
         rewards = self.score(rollout)
@@ -259,7 +262,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "lr_schedule": self.lr_schedule.state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
-            "rng": rng_state({"main": self.generator}),
+            "rng": rng_state({}),
             "components": {"selector": self.selector.state_dict(), "sampler": self.sampler.state_dict()},
         }
         path = save_checkpoint(folder, weights, state, extra, self.cfg.keep_checkpoints)
@@ -283,7 +286,7 @@ class Trainer:
         self.lr_schedule.load_state_dict(extra["lr_schedule"])
         if self.ema is not None and extra.get("ema") is not None:
             self.ema.load_state_dict(extra["ema"])
-        set_rng_state(extra["rng"], {"main": self.generator})
+        set_rng_state(extra["rng"], {})
         self.selector.load_state_dict(extra["components"]["selector"])
         self.sampler.load_state_dict(extra["components"]["sampler"])
         self.step, self.nfe, self.wall = state["step"], state["nfe"], state["wall_s"]

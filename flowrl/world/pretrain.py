@@ -24,6 +24,7 @@ The result is saved with ``FluxPipeline.save_pretrained`` (fp32 safetensors) plu
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import time
@@ -149,7 +150,7 @@ def pretrain_recipe_from_dict(
     data: dict[str, Any], overrides: Sequence[str] = (), source: str = "<recipe>"
 ) -> PretrainRecipe:
     """Validate parsed recipe data; every problem is collected before raising."""
-    data = json.loads(json.dumps(data))  # a deep copy of plain TOML data
+    data = copy.deepcopy(dict(data))
     problems: list[tuple[str, str]] = []
     for item in overrides:
         _apply_override(data, item, problems)

@@ -1,4 +1,8 @@
-"""``flowrl pretrain`` arguments (placeholder until pre-training lands)."""
+"""``flowrl pretrain`` arguments: pre-train the embedded world's base model from a pre-training recipe.
+
+Module-level imports stay light (no torch) so ``flowrl --help`` is quick; the work is in
+:mod:`flowrl.world.pretrain`.
+"""
 
 from __future__ import annotations
 
@@ -6,5 +10,24 @@ import argparse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe")
-    parser.set_defaults(func=lambda args: 1)
+    parser.add_argument("recipe", help="a pre-training recipe, e.g. recipes/pretrain/world.toml")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key (train.steps=100)"
+    )
+    parser.add_argument("--output-dir", default=None, help="where to save the pipeline (default: the recipe's)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flowrl.world.pretrain import load_pretrain_recipe, pretrain
+
+    recipe = load_pretrain_recipe(args.recipe, args.set)
+    result = pretrain(recipe, args.output_dir, quiet=args.quiet)
+    if result.evals:
+        last = result.evals[-1]
+        print(
+            f"{result.output_dir}: held-out score {last['heldout/score']:.3f} (strict {last['heldout/strict']:.3f}), "
+            f"train score {last['train/score']:.3f} (strict {last['train/strict']:.3f})"
+        )
+    return 0

@@ -14,6 +14,7 @@ import torch
 from attrs.validators import ge, gt
 
 from flowrl import Backbone, Conditioning, Plan, Rollout, RolloutSampler, Schedule, Transitions, register
+from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import ode_tails
 
 
@@ -27,13 +28,12 @@ class AnchorBranchSampler(RolloutSampler):
         num_steps: int = attrs.field(default=16, validator=ge(1))  # denoising steps (N)
         shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
 
-    def rollout(
-        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, generator: torch.Generator
-    ) -> Rollout:
+    def rollout(self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
         p, g = len(prompts), self.config.group_size
         nfe0 = backbone.nfe
         cond = backbone.encode(prompts)
-        anchors = anchor_trajectory(backbone, backbone.noise(p, generator), cond, plan, schedule)
+        x1 = rng.randn(torch.arange(p), backbone.latent_shape, backbone.device)
+        anchors = anchor_trajectory(backbone, x1, cond, plan, schedule)
         sigmas = schedule.tensor()
         parts, tails, tail_steps = [], [], []
         prompt_rows = torch.arange(p).repeat_interleave(g)
@@ -41,7 +41,7 @@ class AnchorBranchSampler(RolloutSampler):
             unit = plan.units[k]
             x, v = anchors[unit.start]
             s, s_next = sigmas[unit.start].expand(p * g), sigmas[unit.end].expand(p * g)
-            noise = torch.randn((p * g, *x.shape[1:]), generator=generator).to(x.device)
+            noise = rng.randn(prompt_rows, x.shape[1:], x.device)
             out = schedule.kernel.step(
                 x.repeat_interleave(g, 0), v.repeat_interleave(g, 0), s.to(x.device), s_next.to(x.device),
                 schedule.s_at_one, noise,

@@ -1,0 +1,228 @@
+"""The bench harness: every recipe x seed trained in turn, in this process, under one NFE budget; then the report.
+
+Each run goes to ``DIR/runs/<recipe name>/seed<k>/`` with the overrides of :func:`bench_overrides` (then the
+user's ``--set``). After a run the harness writes ``final_eval.json`` there: the held-out figures of the
+final weights (the trainer evaluates only every ``eval_every`` iterations, so its last evaluation may be
+older than the budget's end). That file also marks the run complete, for ``--resume``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flowrl.bench import BenchError
+from flowrl.bench.report import FINAL_EVAL, write_report
+from flowrl.recipe import Recipe, RecipeError, load_recipe
+
+# Recipe keys the harness sets itself, and the option that sets each.
+BENCH_KEYS = {
+    "seed": "--seeds",
+    "trainer.max_nfe": "--nfe-budget",
+    "trainer.eval_every": "--eval-every",
+    "trainer.eval_prompts": "--eval-prompts",
+}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``: distinct non-negative integers, at least one."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise BenchError("--seeds: no seeds given (expected e.g. --seeds 0,1,2)")
+    seeds = []
+    for item in items:
+        if not item.isdigit():
+            raise BenchError(f"--seeds: '{item}' is not a non-negative integer (expected e.g. --seeds 0,1,2)")
+        seeds.append(int(item))
+    if len(set(seeds)) != len(seeds):
+        raise BenchError(f"--seeds: a seed is repeated in {text!r}")
+    return seeds
+
+
+def bench_overrides(seed: int, nfe_budget: int, eval_every: int, eval_prompts: int | None) -> list[str]:
+    """The ``--set`` items the harness applies to every run (before the user's own)."""
+    items = [
+        f"seed={seed}",
+        f"trainer.max_nfe={nfe_budget}",
+        # Every iteration costs at least one NFE, so the budget also bounds the iterations; it stops first.
+        f"trainer.max_steps={nfe_budget}",
+        f"trainer.eval_every={eval_every}",
+        "trainer.checkpoint_every=0",
+        "trainer.image_every=0",
+    ]
+    if eval_prompts is not None:
+        items.append(f"trainer.eval_prompts={eval_prompts}")
+    return items
+
+
+def check_options(seeds: Sequence[int], nfe_budget: int, eval_every: int, eval_prompts: int | None,
+                  overrides: Sequence[str]) -> None:
+    if not seeds:
+        raise BenchError("--seeds: no seeds given (expected e.g. --seeds 0,1,2)")
+    if nfe_budget <= 0:
+        raise BenchError(f"--nfe-budget: must be a positive number of transformer evaluations, got {nfe_budget}")
+    if eval_every <= 0:
+        raise BenchError(f"--eval-every: must be positive (the report needs held-out curves), got {eval_every}")
+    if eval_prompts is not None and eval_prompts <= 0:
+        raise BenchError(f"--eval-prompts: must be positive, got {eval_prompts}")
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key in BENCH_KEYS:
+            raise BenchError(f"--set {key}: the bench sets this key; use {BENCH_KEYS[key]} instead")
+
+
+def load_recipes(paths: Sequence[str | Path], seeds: Sequence[int], overrides_for: Any) -> dict[str, dict[int, Recipe]]:
+    """Every recipe for every seed, validated before any model loads; name -> seed -> recipe."""
+    plan: dict[str, dict[int, Recipe]] = {}
+    sources: dict[str, str] = {}
+    errors: list[RecipeError] = []
+    for path in paths:
+        try:
+            by_seed = {seed: load_recipe(path, overrides_for(seed)) for seed in seeds}
+        except RecipeError as error:
+            errors.append(error)
+            continue
+        name = by_seed[seeds[0]].name
+        if name in plan:
+            raise BenchError(f"{sources[name]} and {path} are both named '{name}'; give each recipe a distinct name")
+        plan[name], sources[name] = by_seed, str(path)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise BenchError("\n".join(error.report() for error in errors))
+    precisions = {name: r[seeds[0]].trainer.mixed_precision for name, r in plan.items()}
+    if len(set(precisions.values())) > 1:
+        listed = ", ".join(f"{n}: {p}" for n, p in precisions.items())
+        raise BenchError(
+            f"the recipes use different trainer.mixed_precision ({listed}); one process cannot switch it,"
+            " so pass --set trainer.mixed_precision=... or bench them separately"
+        )
+    for name, by_seed in plan.items():
+        if not by_seed[seeds[0]].build("prompts").heldout():
+            raise BenchError(f"{sources[name]}: [prompts] has no held-out prompts; the bench scores held-out prompts")
+    return plan
+
+
+def is_complete(run_dir: Path, recipe: Recipe) -> bool:
+    """A finished bench run of exactly this resolved recipe (same seed, budget, evaluation and overrides)."""
+    recipe_file = run_dir / "recipe.toml"
+    return (
+        (run_dir / FINAL_EVAL).is_file()
+        and (run_dir / "metrics.jsonl").is_file()
+        and recipe_file.is_file()
+        and recipe_file.read_text() == recipe.to_toml()
+    )
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove an earlier run in ``run_dir`` (the trainer would append to its metrics)."""
+    import shutil
+
+    if not run_dir.exists():
+        return
+    names = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else {"?"}
+    if names and not names & {"recipe.toml", "metrics.jsonl"}:
+        raise BenchError(f"{run_dir} exists and is not a run folder; choose another --output-dir")
+    shutil.rmtree(run_dir)
+
+
+def reset_peak_memory() -> None:
+    """Start a run's ``mem/peak_mb`` afresh: CUDA's allocator peak, and on Linux the process's peak RSS."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, which ru_maxrss reports
+
+
+def train_one(recipe: Recipe, run_dir: Path, quiet: bool) -> None:
+    """Train one run into ``run_dir`` and write its ``final_eval.json``."""
+    from flowrl.trainer import Trainer
+    from flowrl.trainer.loop import NonFiniteError
+
+    clear_run_dir(run_dir)
+    reset_peak_memory()
+    trainer = Trainer(recipe, run_dir, quiet=quiet)
+    try:
+        trainer.run()
+    except NonFiniteError as error:
+        raise BenchError(f"{recipe.name} seed {recipe.seed}: {error} (finished runs are kept: --resume)") from error
+    last = _last_row(run_dir / "metrics.jsonl")
+    if last.get("step") == trainer.step and any(k.startswith("eval/") for k in last):
+        figures, source = {k: v for k, v in last.items() if k.startswith("eval/")}, "metrics.jsonl"
+    else:
+        figures, source = trainer.evaluate(), "bench"
+    final = {"step": trainer.step, "wall_s": round(trainer.wall, 4), "nfe": trainer.nfe, **figures, "source": source}
+    tmp = run_dir / (FINAL_EVAL + ".tmp")
+    tmp.write_text(json.dumps(final) + "\n")
+    tmp.replace(run_dir / FINAL_EVAL)
+    del trainer
+    gc.collect()
+
+
+def _last_row(path: Path) -> dict[str, Any]:
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def run_bench(
+    recipes: Sequence[str | Path],
+    seeds: Sequence[int],
+    nfe_budget: int,
+    output_dir: Path,
+    *,
+    eval_every: int = 5,
+    eval_prompts: int | None = None,
+    overrides: Sequence[str] = (),
+    reference: str | None = None,
+    metric: str | None = None,
+    resume: bool = False,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Train every recipe x seed under ``nfe_budget`` rollout NFE, then write the report; return the results."""
+    from tqdm.auto import tqdm
+
+    check_options(seeds, nfe_budget, eval_every, eval_prompts, overrides)
+    plan = load_recipes(
+        recipes, seeds, lambda seed: [*bench_overrides(seed, nfe_budget, eval_every, eval_prompts), *overrides]
+    )
+    if reference is not None and reference not in plan:
+        raise BenchError(f"--reference: no recipe is named '{reference}' (names: {', '.join(plan)})")
+    output_dir = Path(output_dir)
+    runs: dict[str, dict[int, Path]] = {}
+    reused: list[str] = []
+    start = time.perf_counter()
+    with tqdm(total=len(plan) * len(seeds), desc="bench", unit="run") as bar:
+        for name, by_seed in plan.items():
+            for seed, recipe in by_seed.items():
+                run_dir = output_dir / "runs" / name / f"seed{seed}"
+                bar.set_postfix_str(f"{name} seed {seed}")
+                if resume and is_complete(run_dir, recipe):
+                    reused.append(f"{name}/seed{seed}")
+                else:
+                    train_one(recipe, run_dir, quiet)
+                runs.setdefault(name, {})[seed] = run_dir
+                bar.update(1)
+    meta = {
+        "recipes": [str(p) for p in recipes],
+        "seeds": list(seeds),
+        "nfe_budget": nfe_budget,
+        "eval_every": eval_every,
+        "eval_prompts": eval_prompts,
+        "overrides": list(overrides),
+        "resume": resume,
+        "reused": reused,
+        "bench_s": round(time.perf_counter() - start, 2),
+    }
+    try:
+        return write_report(runs, output_dir, reference, metric, meta)
+    except BenchError as error:
+        raise BenchError(f"{error} (the runs are kept: rerun with --resume --output-dir {output_dir})") from error

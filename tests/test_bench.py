@@ -1,0 +1,232 @@
+"""``flowrl bench``: the report on synthetic run folders (fast), and the real harness through the CLI (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, tiny_recipe
+
+from flowrl.bench import BenchError
+from flowrl.bench.report import FINAL_EVAL, build_results, interp, write_report, x_to_reach
+from flowrl.bench.run import bench_overrides, parse_seeds
+from flowrl.cli.main import main as flowrl_main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(run_dir: Path, points: list[tuple[int, float]], iteration_s: float = 0.5, peak_mb: float = 100.0,
+              metric: str = "eval/score", extra_nfe: int = 0) -> Path:
+    """A metrics.jsonl like the trainer's: a step-0 evaluation, then per point a plain row and an eval row.
+
+    Wall time is ``nfe / 100`` s; ``extra_nfe`` adds a last training row without evaluation.
+    """
+    run_dir.mkdir(parents=True)
+    assert points[0][0] == 0
+    rows = [{"step": 0, "wall_s": 0.0, "nfe": 0, metric: points[0][1], "eval/strict": 0.0}]
+    cost = {"time/iteration_s": iteration_s, "time/outside_share": 0.3, "mem/peak_mb": peak_mb, "loss": 0.1}
+    step = 0
+    prev = 0
+    for nfe, score in points[1:]:
+        mid = (prev + nfe) // 2
+        step += 1
+        rows.append({"step": step, "wall_s": mid / 100, "nfe": mid, "reward/total": 0.0, **cost})
+        step += 1
+        rows.append({"step": step, "wall_s": nfe / 100, "nfe": nfe, **cost, metric: score, "eval/strict": score / 2})
+        prev = nfe
+    if extra_nfe:
+        rows.append({"step": step + 1, "wall_s": (prev + extra_nfe) / 100, "nfe": prev + extra_nfe, **cost})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> dict[str, dict[int, Path]]:
+    r = tmp_path / "runs"
+    return {
+        "ref": {
+            0: write_run(r / "ref/seed0", [(0, 0.2), (100, 0.4), (200, 0.6)], peak_mb=100),
+            1: write_run(r / "ref/seed1", [(0, 0.2), (100, 0.6), (200, 0.8)], peak_mb=200),
+        },
+        "fast": {  # seed 1 has no evaluation at 50: interpolated to 0.5 there
+            0: write_run(r / "fast/seed0", [(0, 0.2), (50, 0.5), (100, 0.8), (200, 0.9)], iteration_s=0.25),
+            1: write_run(r / "fast/seed1", [(0, 0.2), (100, 0.8), (200, 0.9)], iteration_s=0.25),
+        },
+        "slow": {
+            0: write_run(r / "slow/seed0", [(0, 0.2), (100, 0.3), (200, 0.4)]),
+            1: write_run(r / "slow/seed1", [(0, 0.2), (100, 0.3), (200, 0.4)]),
+        },
+    }
+
+
+def test_report_known_curves(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    results = write_report(runs, out, reference=None, metric=None, meta={"nfe_budget": 200})
+    assert json.loads((out / "results.json").read_text()) == results
+    assert results["metric"] == "eval/score" and results["reference"] == "ref"
+    assert results["target_score"] == pytest.approx(0.7)
+    ref, fast, slow = (results["methods"][m] for m in ("ref", "fast", "slow"))
+
+    assert ref["final_score"]["mean"] == pytest.approx(0.7)
+    assert ref["final_score"]["std"] == pytest.approx(math.sqrt(0.02))  # sample std of 0.6, 0.8
+    assert (ref["final_score"]["min"], ref["final_score"]["max"], ref["final_score"]["n"]) == (0.6, 0.8, 2)
+    assert ref["final_eval"]["eval/strict"]["mean"] == pytest.approx(0.35)
+    assert ref["nfe_to_reach_reference"] == pytest.approx(200)
+    assert ref["nfe_ratio_to_reference"] == pytest.approx(1.0)
+    assert fast["curve_nfe"]["x"] == [0, 50, 100, 200]
+    assert fast["curve_nfe"]["mean"] == pytest.approx([0.2, 0.5, 0.8, 0.9])
+    assert fast["nfe_to_reach_reference"] == pytest.approx(50 + 50 * 0.2 / 0.3)
+    assert fast["nfe_ratio_to_reference"] == pytest.approx((50 + 50 * 0.2 / 0.3) / 200)
+    assert fast["wall_s_to_reach_reference"] == pytest.approx((50 + 50 * 0.2 / 0.3) / 100)
+    assert fast["final_score"]["std"] == pytest.approx(0.0)
+    assert slow["nfe_to_reach_reference"] is None and slow["nfe_ratio_to_reference"] is None
+
+    assert ref["iteration_s_mean"] == pytest.approx(0.5) and fast["iteration_s_mean"] == pytest.approx(0.25)
+    assert ref["outside_share_mean"] == pytest.approx(0.3)
+    assert ref["peak_mem_mb"] == 200
+    seed = ref["seeds"]["1"]
+    assert seed["curve"]["nfe"] == [0, 100, 200] and seed["curve"]["score"] == [0.2, 0.6, 0.8]
+    assert seed["curve"]["wall_s"] == [0.0, 1.0, 2.0]
+    assert seed["final"]["score"] == 0.8 and seed["final"]["nfe"] == 200 and seed["steps"] == 4
+    assert results["bench"] == {"nfe_budget": 200}
+
+    md = (out / "results.md").read_text()
+    for name in ("ref", "fast", "slow"):
+        assert sum(line.startswith(f"| {name} |") for line in md.splitlines()) == 1
+    assert "not reached" in md and "budget 200 NFE" in md
+    for png in ("score_vs_nfe.png", "score_vs_wall_s.png"):
+        data = (out / png).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
+        from PIL import Image
+
+        with Image.open(out / png) as image:
+            assert image.format == "PNG" and min(image.size) > 100
+
+
+def test_reference_and_metric_choice(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
+    results = build_results(runs, reference="fast", metric="eval/strict")
+    assert results["metric"] == "eval/strict"
+    assert results["target_score"] == pytest.approx(0.45)
+    assert results["methods"]["fast"]["nfe_ratio_to_reference"] == pytest.approx(1.0)
+    with pytest.raises(BenchError, match="unknown reference 'nope'"):
+        build_results(runs, reference="nope")
+    with pytest.raises(BenchError, match="metric 'eval/other' was not logged"):
+        build_results(runs, metric="eval/other")
+    # Without eval/score, the first eval/* key every run logged.
+    other = {"m": {0: write_run(tmp_path / "other", [(0, 0.1), (10, 0.2)], metric="eval/accuracy")}}
+    assert build_results(other)["metric"] == "eval/accuracy"
+
+
+def test_final_evaluation_extends_the_curve(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", [(0, 0.2), (100, 0.4)], extra_nfe=50)
+    (run / FINAL_EVAL).write_text(json.dumps({"step": 5, "wall_s": 1.5, "nfe": 150, "eval/score": 0.5}))
+    seed = build_results({"m": {0: run}})["methods"]["m"]["seeds"]["0"]
+    assert seed["curve"]["nfe"] == [0, 100, 150] and seed["final"]["score"] == 0.5
+    assert seed["nfe_used"] == 150
+
+
+def test_bad_run_folders(tmp_path: Path) -> None:
+    with pytest.raises(BenchError, match="no metrics.jsonl"):
+        build_results({"m": {0: tmp_path / "missing"}})
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "metrics.jsonl").write_text(json.dumps({"step": 1, "nfe": 4, "wall_s": 0.1}) + "\n")
+    with pytest.raises(BenchError, match="no held-out evaluations"):
+        build_results({"m": {0: plain}})
+
+
+def test_curve_helpers() -> None:
+    assert interp(5, [0, 10], [0.0, 1.0]) == pytest.approx(0.5)
+    assert interp(-1, [0, 10], [0.0, 1.0]) == 0.0 and interp(11, [0, 10], [0.0, 1.0]) == 1.0
+    curve = {"x": [0, 10, 20], "mean": [0.5, 0.4, 0.8]}
+    assert x_to_reach(curve, 0.6) == pytest.approx(15)
+    assert x_to_reach(curve, 0.5) == 0 and x_to_reach(curve, 0.9) is None
+
+
+def test_options() -> None:
+    assert parse_seeds("0, 1,2") == [0, 1, 2]
+    for bad in ("", ",", "a", "-1", "1,1"):
+        with pytest.raises(BenchError):
+            parse_seeds(bad)
+    items = bench_overrides(3, 500, 2, None)
+    assert {"seed=3", "trainer.max_nfe=500", "trainer.eval_every=2", "trainer.checkpoint_every=0"} <= set(items)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", ",", "--nfe-budget", "10"], "error: --seeds: no seeds given"),
+        (["--nfe-budget", "0"], "error: --nfe-budget: must be a positive"),
+        (["--nfe-budget", "10", "--set", "seed=4"], "error: --set seed: the bench sets this key"),
+        (["--nfe-budget", "10", "--reference", "zz"], "error: --reference: no recipe is named 'zz'"),
+    ],
+)
+def test_cli_user_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = str(ROOT / "recipes" / "flow_grpo.toml")
+    assert flowrl_main(["bench", recipe, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message) and "\n" not in err
+
+
+def test_cli_module_is_light() -> None:
+    code = "import sys, flowrl.bench.cli; print(any(m in sys.modules for m in ('flowrl.bench.run', 'matplotlib')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# -- the real harness --------------------------------------------------------------------------
+def _write_recipe(path: Path, name: str, **sampler: object) -> Path:
+    from flowrl.tomlwrite import dumps
+
+    recipe = tiny_recipe()
+    recipe["name"] = name
+    recipe["prompts"]["heldout"] = ["a dog", "a blue circle"]
+    recipe["sampler"].update(sampler)
+    path.write_text(dumps(recipe))
+    return path
+
+
+@pytest.mark.slow
+def test_bench_cli_end_to_end(tmp_path: Path) -> None:
+    a = _write_recipe(tmp_path / "a.toml", "alpha")
+    b = _write_recipe(tmp_path / "b.toml", "beta", group_size=2)
+    out = tmp_path / "bench"
+    # One intra-op thread: on a small shared CPU, torch's thread pool oversubscribes and runs ~50x slower.
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "flowrl.cli.main", "bench", str(a), str(b), "--seeds", "0,1",
+               "--nfe-budget", "80", "--eval-every", "2", "--eval-prompts", "2", "--output-dir", str(out), "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| alpha |" in done.stdout and "| beta |" in done.stdout
+
+    for name in ("results.json", "results.md", "score_vs_nfe.png", "score_vs_wall_s.png"):
+        assert (out / name).is_file(), name
+    results = json.loads((out / "results.json").read_text())
+    assert results["metric"] == "eval/score" and results["reference"] == "alpha"
+    assert results["bench"]["nfe_budget"] == 80 and results["bench"]["seeds"] == [0, 1]
+    assert set(results["methods"]) == {"alpha", "beta"}
+    for name, method in results["methods"].items():
+        assert set(method["seeds"]) == {"0", "1"}
+        for seed, summary in method["seeds"].items():
+            run_dir = out / "runs" / name / f"seed{seed}"
+            assert Path(summary["run_dir"]) == run_dir and (run_dir / FINAL_EVAL).is_file()
+            assert "seed = " + seed in (run_dir / "recipe.toml").read_text()
+            assert summary["curve"]["nfe"][0] == 0 and summary["curve"]["step"][0] == 0
+            assert summary["final"]["nfe"] >= 80 and summary["nfe_used"] == summary["final"]["nfe"]
+            assert summary["final"]["nfe"] < 80 + 32  # stops within one iteration of the budget
+        assert method["final_score"]["n"] == 2 and math.isfinite(method["final_score"]["mean"])
+        assert method["iteration_s_mean"] > 0 and 0 <= method["outside_share_mean"] <= 1
+        assert method["peak_mem_mb"] > 0
+        assert method["curve_nfe"]["x"][0] == 0
+    assert results["methods"]["alpha"]["nfe_to_reach_reference"] is not None  # it reaches its own final mean
+
+    # --resume reuses every finished run with the same resolved recipe.
+    again = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    reused = json.loads((out / "results.json").read_text())["bench"]["reused"]
+    assert sorted(reused) == ["alpha/seed0", "alpha/seed1", "beta/seed0", "beta/seed1"]
