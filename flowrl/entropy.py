@@ -48,12 +48,16 @@ def format_table(rows: list[dict[str, float | int | None]]) -> str:
         cells = []
         for key in keys:
             value = row[key]
-            cells.append(f"{'-':>7}" if value is None else f"{value:>7d}" if isinstance(value, int) else f"{value:>7.3f}")
+            cells.append(
+                f"{'-':>7}" if value is None else f"{value:>7d}" if isinstance(value, int) else f"{value:>7.3f}"
+            )
         lines.append("  ".join(cells))
     return "\n".join(lines)
 
 
-def plot_entropy(rows: list[dict[str, float | int | None]], path: Path, units: list[tuple[int, int]], title: str) -> None:
+def plot_entropy(
+    rows: list[dict[str, float | int | None]], path: Path, units: list[tuple[int, int]], title: str
+) -> None:
     """Entropy per timestep, one line per merge count, the selector's units marked."""
     import matplotlib
 

@@ -54,9 +54,7 @@ class TransitionKernel(Component, ABC):
         grid's second noise level (Flow-GRPO uses it where ``1 - s`` is 0).
         """
 
-    def step(
-        self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float, noise: Tensor
-    ) -> StepOutput:
+    def step(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float, noise: Tensor) -> StepOutput:
         """Take the transition with the given standard-normal ``noise``; returns next latent and log-density."""
         mean, std = self.mean_std(x.float(), v.float(), s.float(), s_next.float(), s_at_one)
         nxt = mean + _expand(std, mean) * noise.float()
@@ -148,7 +146,9 @@ class RolloutSampler(Component, ABC):
     """Generates the group of rollouts for each prompt from a plan."""
 
     @abstractmethod
-    def rollout(self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
+    def rollout(
+        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
+    ) -> Rollout:
         """Sample images and record the trained transitions; every random draw goes through ``rng``."""
 
     def rollouts_per_prompt(self) -> int:

@@ -20,7 +20,7 @@ from flowrl.types import Schedule
 
 @attrs.define
 class LoadedPolicy:
-    """A backbone with a checkpoint's weights, its recipe's schedule, prompts and rewards."""
+    """A backbone with a checkpoint's weights, the recipe's evaluation schedule, prompts and rewards."""
 
     recipe: Recipe
     backbone: Backbone
@@ -54,6 +54,6 @@ def load_policy(path: Path) -> LoadedPolicy:
     load_weights_into(backbone.transformer, weights, folder)
     backbone.transformer.eval()
     sampler = recipe.parts["sampler"].config
-    sigmas = backbone.schedule_sigmas(sampler.num_steps, sampler.shift)
+    sigmas = backbone.schedule_sigmas(recipe.trainer.eval_steps, sampler.shift)
     schedule = Schedule(sigmas=sigmas, kernel=recipe.build("kernel"))
     return LoadedPolicy(recipe, backbone, schedule, recipe.build("prompts"), rewards, int(state["step"]))

@@ -41,6 +41,7 @@ class TrainerConfig:
     eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation every k iterations; 0 disables
     eval_prompts: int = attrs.field(default=64, validator=positive)  # how many held-out prompts to score
     eval_seed: int = 0  # initial noise of the evaluation samples
+    eval_steps: int = attrs.field(default=16, validator=positive)  # ODE steps of evaluation samples (any method)
     max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
     gradient_checkpointing: bool = False
 

@@ -120,7 +120,9 @@ def test_single_unit_equals_plain_group_norm(mode: str) -> None:
     sampler = flowrl.build("sampler", {"type": "egrpo_branch", "group_size": 5, "num_steps": 4})
     schedule = Schedule(backbone.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
     with torch.no_grad():
-        rollout = sampler.rollout(backbone, ["a", "b", "c"], Plan((Unit(2, 1),), (0,)), schedule, RolloutRNG(0, 0, [0, 1, 2]))
+        rollout = sampler.rollout(
+            backbone, ["a", "b", "c"], Plan((Unit(2, 1),), (0,)), schedule, RolloutRNG(0, 0, [0, 1, 2])
+        )
     rewards = torch.randn(rollout.num_rollouts)
     estimator = flowrl.build("advantage", {"type": "group_norm", "multi_reward": mode})
     out = estimator(RewardBatch({"r": rewards}, {"r": 1.0}), rollout)

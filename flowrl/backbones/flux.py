@@ -162,9 +162,7 @@ class FluxFromPretrained(FluxAdapter):
         resolution: int = attrs.field(default=512, validator=gt(0))  # image side in pixels
         guidance: float = 3.5  # FLUX embedded guidance (ignored when the model has none)
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(
-            default="bfloat16", validator=in_(tuple(DTYPES))
-        )
+        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
 
     def load_pipeline(self) -> Any:
         from diffusers import FluxPipeline
@@ -175,6 +173,4 @@ class FluxFromPretrained(FluxAdapter):
         index = folder / "model_index.json"
         if index.exists() and json.loads(index.read_text()).get("vae") in (None, [None, None]):
             kwargs["vae"] = None  # a pixel-space pipeline (diffusers needs vae=None said explicitly)
-        return FluxPipeline.from_pretrained(
-            path, local_files_only=folder.exists(), torch_dtype=torch.float32, **kwargs
-        )
+        return FluxPipeline.from_pretrained(path, local_files_only=folder.exists(), torch_dtype=torch.float32, **kwargs)

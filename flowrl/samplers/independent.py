@@ -24,7 +24,9 @@ class IndependentSampler(RolloutSampler):
         shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
         same_noise: bool = False  # one initial noise shared by a prompt's G rollouts (DanceGRPO)
 
-    def rollout(self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
+    def rollout(
+        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
+    ) -> Rollout:
         g = self.config.group_size
         nfe0 = backbone.nfe
         cond = backbone.encode(prompts)

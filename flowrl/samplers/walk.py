@@ -18,8 +18,9 @@ class TrajectoryRecorder:
         self.rollout_index = rollout_index
         self.parts: list[Transitions] = []
 
-    def record(self, unit_index: int, x: Tensor, s: Tensor, cond_rows: Tensor, s_next: Tensor,
-               x_next: Tensor, log_prob: Tensor) -> None:
+    def record(
+        self, unit_index: int, x: Tensor, s: Tensor, cond_rows: Tensor, s_next: Tensor, x_next: Tensor, log_prob: Tensor
+    ) -> None:
         if unit_index not in self.plan.trained:
             return
         n = x.shape[0]

@@ -66,6 +66,8 @@ class Trainer:
         sampler_cfg = self.sampler.config
         sigmas = self.backbone.schedule_sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
         self.schedule = Schedule(sigmas=sigmas, kernel=kernel)
+        eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, sampler_cfg.shift)
+        self.eval_schedule = Schedule(sigmas=eval_sigmas, kernel=kernel)  # ODE only: the kernel is unused
         self._setup_model()
         self.step = 0
         self.nfe = 0
@@ -169,8 +171,14 @@ class Trainer:
         metrics.update(update)
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
         metrics["lr"] = self.lr_schedule.get_last_lr()[0]
-        metrics.update({"time/iteration_s": t_iter, "time/transformer_s": t_model,
-                        "time/outside_share": max(0.0, 1 - t_model / t_iter), "mem/peak_mb": peak_memory_mb()})
+        metrics.update(
+            {
+                "time/iteration_s": t_iter,
+                "time/transformer_s": t_model,
+                "time/outside_share": max(0.0, 1 - t_model / t_iter),
+                "mem/peak_mb": peak_memory_mb(),
+            }
+        )
         metrics["skipped_steps"] = self.skipped
         if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
             metrics.update(self.evaluate())
@@ -190,7 +198,7 @@ class Trainer:
             return {}
         self.backbone.module.eval()  # type: ignore[attr-defined]
         nfe = self.backbone.nfe
-        result = evaluate(self.backbone, prompts, self.rewards, self.schedule, self.cfg.eval_seed)
+        result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
         self.backbone.nfe = nfe  # evaluation is not part of the training budget
         return {f"eval/{k}": v for k, v in result.items() if k != "nfe"}
 
@@ -213,8 +221,15 @@ class Trainer:
             stats = StatsMean()
             total_loss = torch.zeros(())
             for loss, share, batch_stats in transition_losses(
-                self.backbone, self.schedule.kernel, self.loss_fn, self.schedule, rollout.cond,
-                transitions, advantages.values, self.cfg.train_batch_size, self.reference,
+                self.backbone,
+                self.schedule.kernel,
+                self.loss_fn,
+                self.schedule,
+                rollout.cond,
+                transitions,
+                advantages.values,
+                self.cfg.train_batch_size,
+                self.reference,
             ):
                 start = time.perf_counter()
                 self.accelerator.backward(loss * share)
@@ -276,7 +291,7 @@ class Trainer:
         from flowrl.evaluate import ode_images
 
         prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
-        images = ode_images(self.backbone, prompts, self.schedule, seed=0)
+        images = ode_images(self.backbone, prompts, self.eval_schedule, seed=0)
         save_grid_png(images, rows=1, path=path / "samples.png")
 
     def _resume(self, folder: Path) -> None:

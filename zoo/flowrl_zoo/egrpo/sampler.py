@@ -28,7 +28,9 @@ class AnchorBranchSampler(RolloutSampler):
         num_steps: int = attrs.field(default=16, validator=ge(1))  # denoising steps (N)
         shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
 
-    def rollout(self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
+    def rollout(
+        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
+    ) -> Rollout:
         p, g = len(prompts), self.config.group_size
         nfe0 = backbone.nfe
         cond = backbone.encode(prompts)
@@ -43,8 +45,12 @@ class AnchorBranchSampler(RolloutSampler):
             s, s_next = sigmas[unit.start].expand(p * g), sigmas[unit.end].expand(p * g)
             noise = rng.randn(prompt_rows, x.shape[1:], x.device)
             out = schedule.kernel.step(
-                x.repeat_interleave(g, 0), v.repeat_interleave(g, 0), s.to(x.device), s_next.to(x.device),
-                schedule.s_at_one, noise,
+                x.repeat_interleave(g, 0),
+                v.repeat_interleave(g, 0),
+                s.to(x.device),
+                s_next.to(x.device),
+                schedule.s_at_one,
+                noise,
             )
             parts.append(
                 Transitions(
