@@ -44,11 +44,12 @@ def line_of(text: str, index: int) -> int:
 
 def check_reference() -> list[str]:
     expected = gen_reference.render()
-    current = gen_reference.REFERENCE.read_text(encoding="utf-8") if gen_reference.REFERENCE.exists() else None
-    if current is None:
-        return [f"{rel(gen_reference.REFERENCE)}: missing; run: python scripts/gen_reference.py"]
-    if current != expected:
-        return [f"{rel(gen_reference.REFERENCE)}: out of date with the registries; run: python scripts/gen_reference.py"]
+    page = gen_reference.REFERENCE
+    fix = "run: python scripts/gen_reference.py"
+    if not page.exists():
+        return [f"{rel(page)}: missing; {fix}"]
+    if page.read_text(encoding="utf-8") != expected:
+        return [f"{rel(page)}: out of date with the registries (a component or config changed); {fix}"]
     return []
 
 

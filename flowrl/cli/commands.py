@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def train(args: argparse.Namespace) -> int:
     else:
         run_dir = Path(args.output_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
-    print(f"run folder: {out}")
+    if os.environ.get("RANK", "0") == "0":
+        print(f"run folder: {out}")
     return 0
 
 

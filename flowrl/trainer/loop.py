@@ -30,6 +30,7 @@ from flowrl.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import adapters_disabled, add_lora
@@ -154,20 +155,20 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         # 3. rewards and advantages
         rewards = self.score(rollout)
-        advantages = self.estimator(rewards, rollout)
+        advantages = global_advantages(self.accelerator, self.estimator, rewards, rollout)
         # 4. policy update
         t1 = time.perf_counter()
         update = self.update(rollout, advantages, rewards)
         t_update = time.perf_counter() - t1
         # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
-        self.nfe += rollout.nfe
+        self.nfe += reduce_metrics(self.accelerator, {"nfe": rollout.nfe}, summed=("nfe",))["nfe"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
         t_model = self.backbone.forward_s - forward0 + update.pop("time/backward_s", 0.0)
-        metrics: dict[str, Any] = {"step": self.step, "wall_s": round(self.wall, 4), "nfe": self.nfe}
-        metrics.update({f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()})
+        metrics: dict[str, Any] = {f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()}
         metrics["reward/total"] = float(rewards.total.mean())
+        metrics["advantage/abs_mean"] = float(advantages.values.abs().mean())
         metrics.update(update)
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
         metrics["lr"] = self.lr_schedule.get_last_lr()[0]
@@ -179,7 +180,13 @@ class Trainer:
                 "mem/peak_mb": peak_memory_mb(),
             }
         )
-        metrics["skipped_steps"] = self.skipped
+        metrics = {
+            "step": self.step,
+            "wall_s": round(self.wall, 4),
+            "nfe": self.nfe,
+            **reduce_metrics(self.accelerator, metrics),
+            "skipped_steps": self.skipped,
+        }
         if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
             metrics.update(self.evaluate())
         if self.cfg.log_every and self.step % self.cfg.log_every == 0:

@@ -1,0 +1,122 @@
+"""``flowrl pretrain``: the flow-matching pre-training of the world's base model, and the shipped checkpoint."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT
+
+import flowrl
+from flowrl.cli.main import main
+from flowrl.world import vocabulary
+from flowrl.world.components import BASE_MODEL
+from flowrl.world.pretrain import Pretrainer, build_backbone, load_pretrain_recipe, pretrain
+
+RECIPE = ROOT / "recipes" / "pretrain" / "world.toml"
+# A very small model and run: 2 pre-training steps per second or better on a shared CPU.
+SMALL = [
+    "model.num_layers=1",
+    "model.num_single_layers=1",
+    "model.num_attention_heads=2",
+    "model.text_layers=1",
+    "train.steps=4",
+    "train.batch_size=8",
+    "train.pool_size=32",
+    "train.warmup_steps=0",
+    "train.ema_decay=0.0",
+    "train.log_every=2",
+    "train.threads=0",
+    "eval.every=0",
+    "eval.prompts=4",
+    "eval.num_steps=2",
+]
+
+
+def _folder_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+
+
+def test_pretrain_saves_a_loadable_world_tiny(tmp_path: Path) -> None:
+    recipe = load_pretrain_recipe(RECIPE, SMALL)
+    out = tmp_path / "model"
+    result = pretrain(recipe, out, quiet=True)
+    assert len(result.losses) == 4 and all(math.isfinite(v) for v in result.losses)
+    assert len(result.evals) == 1 and 0.0 <= result.evals[0]["heldout/score"] <= 1.0
+    backbone = flowrl.build("backbone", {"type": "world_tiny", "path": str(out)})
+    assert backbone.pixel_space and backbone.latent_shape == (64, 48)
+    initial = build_backbone(recipe.model, recipe.seed).transformer.state_dict()
+    changed = [k for k, v in backbone.transformer.state_dict().items() if not torch.equal(v, initial[k])]
+    assert changed, "pre-training did not change the transformer's weights"
+    images = backbone.decode(backbone.noise(2, torch.Generator().manual_seed(0)))
+    assert images.shape == (2, 3, 32, 32)
+    # the saved resolved recipe reproduces the one that ran
+    assert load_pretrain_recipe(out / "pretrain.toml") == recipe
+
+
+def test_loss_decreases_on_a_fixed_batch(tmp_path: Path) -> None:
+    overrides = [*SMALL, "train.lr=3e-3", "train.lr_schedule=constant"]
+    trainer = Pretrainer(load_pretrain_recipe(RECIPE, overrides), tmp_path, quiet=True)
+    trainer.render_pool()
+    images, prompts = trainer.batch(0)
+    losses = [trainer.train_step(images, prompts, torch.Generator().manual_seed(7)) for _ in range(5)]
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0], losses
+
+
+def test_cli_pretrain_runs(tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    args = [sys.executable, "-m", "flowrl.cli.main", "pretrain", str(RECIPE), "--output-dir", str(out), "--quiet"]
+    for item in [*SMALL, "train.steps=2"]:
+        args += ["--set", item]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "held-out score" in proc.stdout
+    assert (out / "model_index.json").exists() and (out / "transformer").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[train]\nstepz = 3\n', "[train.stepz] unknown key; did you mean 'steps'?"),
+        ('[modle]\nnum_layers = 1\n', "[modle] unknown key; did you mean 'model'?"),
+        ('[model]\naxes_dims_rope = [4, 4, 4]\n', "[model] axes_dims_rope"),
+        ('[train]\nlr = -1.0\n', "[train.lr]"),
+    ],
+)
+def test_bad_recipe_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, key: str
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text)
+    assert main(["pretrain", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"recipe error: 1 problem in {bad}: ") and key in err
+
+
+def test_bad_override_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pretrain", str(RECIPE), "--set", "train.batch_size=many"]) == 2
+    assert "[train.batch_size] expected an integer" in capsys.readouterr().err
+
+
+def test_shipped_base_model_loads_and_is_small() -> None:
+    assert (BASE_MODEL / "model_index.json").exists(), "run: flowrl pretrain recipes/pretrain/world.toml"
+    assert _folder_mb(BASE_MODEL) <= 20.0
+    backbone = flowrl.build("backbone", {"type": "world_tiny"})
+    assert backbone.pixel_space and backbone.latent_shape == (64, 48)
+    tokenizer = backbone.pipe.tokenizer_2
+    ids = tokenizer(" ".join(vocabulary()))["input_ids"]
+    assert tokenizer.unk_token_id not in ids  # every world word is in the vocabulary
+    assert sum(p.numel() for p in backbone.transformer.parameters()) < 1_000_000  # fast enough for RL on CPU
+
+
+def test_shipped_base_model_was_made_by_the_recipe() -> None:
+    shipped = load_pretrain_recipe(BASE_MODEL / "pretrain.toml")
+    assert shipped == load_pretrain_recipe(RECIPE)
