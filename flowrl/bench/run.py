@@ -155,6 +155,10 @@ def train_one(recipe: Recipe, run_dir: Path, quiet: bool) -> None:
         trainer.run()
     except NonFiniteError as error:
         raise BenchError(f"{recipe.name} seed {recipe.seed}: {error} (finished runs are kept: --resume)") from error
+    cfg = recipe.trainer
+    if trainer.step < cfg.max_steps and not (cfg.max_nfe and trainer.nfe >= cfg.max_nfe):
+        # The trainer returns early on SIGINT/SIGTERM: not a finished run, and the bench stops too.
+        raise KeyboardInterrupt
     last = _last_row(run_dir / "metrics.jsonl")
     if last.get("step") == trainer.step and any(k.startswith("eval/") for k in last):
         figures, source = {k: v for k, v in last.items() if k.startswith("eval/")}, "metrics.jsonl"

@@ -13,8 +13,18 @@ from flowrl.prompts import PromptFileError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, RegistryError, registry, summary
 from flowrl.trainer.checkpoint import CheckpointError
+from flowrl.trainer.loop import NonFiniteError, RewardError
 
-USER_ERRORS = (RecipeError, PromptFileError, CheckpointError, ConfigError, RegistryError, FileNotFoundError)
+USER_ERRORS = (
+    RecipeError,
+    PromptFileError,
+    CheckpointError,
+    ConfigError,
+    RegistryError,
+    FileNotFoundError,
+    RewardError,
+    NonFiniteError,
+)
 
 
 def train(args: argparse.Namespace) -> int:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 import random
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -40,6 +43,10 @@ from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive iterations produced NaN or inf."""
+
+
+class RewardError(RuntimeError):
+    """A reward model raised or returned the wrong shape; names the component."""
 
 
 class Trainer:
@@ -121,6 +128,7 @@ class Trainer:
             desc=self.recipe.name,
             disable=self.quiet or not self.accelerator.is_main_process,
         )
+        stop = StopSignal()
         try:
             if self.cfg.eval_every and self.step == 0:
                 self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **self.evaluate()})
@@ -130,10 +138,15 @@ class Trainer:
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.4f}", nfe=self.nfe)
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self.save()
+                if stop.received:
+                    message = f"{stop.received}: checkpoint written at step {self.step}; resume with --resume"
+                    bar.write(message, file=sys.stderr)
+                    break
         finally:
+            stop.restore()
             bar.close()
+            self.logger.close()
         self.save()
-        self.logger.close()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         return self.run_dir
@@ -211,7 +224,18 @@ class Trainer:
 
     def score(self, rollout: Rollout) -> RewardBatch:
         images, texts = rollout.images, rollout.rollout_texts()
-        scores = {name: reward.score(images, texts).float().cpu() for name, _, reward in self.rewards}
+        scores = {}
+        for name, _, reward in self.rewards:
+            try:
+                scores[name] = reward.score(images, texts).float().cpu()
+            except Exception as error:
+                raise RewardError(
+                    f"reward '{name}' ({type(reward).__name__}) failed: {type(error).__name__}: {error}"
+                ) from error
+            if scores[name].shape != (rollout.num_rollouts,):
+                raise RewardError(
+                    f"reward '{name}' returned shape {tuple(scores[name].shape)}, expected ({rollout.num_rollouts},)"
+                )
         return RewardBatch(scores=scores, weights={name: w for name, w, _ in self.rewards})
 
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
@@ -279,6 +303,9 @@ class Trainer:
             return None
         folder = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         weights: dict[str, torch.Tensor] = {n: p for n, p in self.named_params}
+        bad = [n for n, p in weights.items() if not bool(torch.isfinite(p).all())]
+        if bad:  # never write a checkpoint a NaN has reached
+            raise NonFiniteError(f"weights became non-finite ({bad[0]}); no checkpoint written at step {self.step}")
         state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped}
         extra = {
             "optimizer": self.optimizer.state_dict(),
@@ -313,6 +340,26 @@ class Trainer:
         self.sampler.load_state_dict(extra["components"]["sampler"])
         self.step, self.nfe, self.wall = state["step"], state["nfe"], state["wall_s"]
         self.skipped = state.get("skipped", 0)
+
+
+class StopSignal:
+    """SIGINT/SIGTERM end the current iteration, then the loop saves a checkpoint and returns."""
+
+    def __init__(self) -> None:
+        self.received = ""
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def peak_memory_mb() -> float:

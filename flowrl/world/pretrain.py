@@ -395,9 +395,17 @@ class Pretrainer:
 
     def save(self, folder: Path) -> None:
         """``save_pretrained`` (fp32 safetensors) with the weights of :meth:`weights`."""
+        from transformers.utils import logging as hf_logging
+
         folder.mkdir(parents=True, exist_ok=True)
-        with self.weights():
-            self.backbone.pipe.save_pretrained(folder, safe_serialization=True)
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar per text encoder
+        try:
+            with self.weights():
+                self.backbone.pipe.save_pretrained(folder, safe_serialization=True)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
 
     def log(self, message: str) -> None:
         tqdm.write(message)

@@ -1,0 +1,135 @@
+"""Faults a long run must survive: NaN rewards, raising rewards, signals, SIGKILL and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+from conftest import ROOT, tiny_recipe
+from safetensors.torch import load_file
+
+from flowrl import RewardModel
+from flowrl.recipe import recipe_from_dict
+from flowrl.trainer import train
+from flowrl.trainer.loop import NonFiniteError, RewardError
+
+
+class NaNOnSecondCall(RewardModel):
+    """Brightness, but NaN for some images on the second call (or on every call)."""
+
+    @attrs.frozen
+    class Config:
+        always: bool = False
+
+    calls = 0
+
+    def score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        NaNOnSecondCall.calls += 1
+        out = images.mean(dim=(1, 2, 3))
+        if self.config.always or NaNOnSecondCall.calls == 2:
+            out[::3] = float("nan")
+        return out
+
+
+class Raises(RewardModel):
+    """A reward whose model is broken."""
+
+    @attrs.frozen
+    class Config:
+        pass
+
+    def score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def with_reward(reward: dict, **trainer: object) -> dict:
+    data = tiny_recipe(**trainer)
+    data["reward"] = [reward]
+    return data
+
+
+def test_nan_rewards_skip_the_step_and_are_counted(tmp_path: Path) -> None:
+    NaNOnSecondCall.calls = 0
+    data = with_reward({"type": f"{__name__}:NaNOnSecondCall", "name": "brightness"}, max_steps=3)
+    run = train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    log = rows(run)
+    assert [r["skipped_steps"] for r in log] == [0, 1, 1]
+    assert log[1]["loss"] is None  # NaN is written as null
+    weights = load_file(str(run / "checkpoints" / "step_000003" / "weights.safetensors"))
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+
+
+def test_too_many_bad_steps_stop_with_a_message(tmp_path: Path) -> None:
+    data = with_reward({"type": f"{__name__}:NaNOnSecondCall", "always": True}, max_steps=10, max_bad_steps=2)
+    with pytest.raises(NonFiniteError, match="2 iterations in a row had NaN or inf"):
+        train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    assert len(rows(tmp_path / "run")) == 1  # what was written stays
+
+
+def test_a_raising_reward_names_itself(tmp_path: Path) -> None:
+    data = with_reward({"type": f"{__name__}:Raises", "name": "hps"})
+    with pytest.raises(RewardError, match=r"reward 'hps' \(Raises\) failed: RuntimeError: CUDA out of memory"):
+        train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+
+
+def start(recipe: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "flowrl.cli.main", "train", str(recipe), "--output-dir", str(out), "--quiet", *extra]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_rows(run: Path, n: int, proc: subprocess.Popen[str], timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = run / "metrics.jsonl"
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise TimeoutError(f"{run} never reached {n} rows")
+
+
+@pytest.mark.slow
+def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(recipe_from_dict(tiny_recipe(max_steps=500)).to_toml())
+    proc = start(recipe, tmp_path / "run")
+    wait_for_rows(tmp_path / "run", 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: checkpoint written" in err
+    step = len(rows(tmp_path / "run"))
+    assert (tmp_path / "run" / "checkpoints" / f"step_{step:06d}" / "weights.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(recipe_from_dict(tiny_recipe(max_steps=5, checkpoint_every=1, keep_checkpoints=10)).to_toml())
+    full = start(recipe, tmp_path / "full")
+    assert full.wait(timeout=600) == 0, full.communicate()
+    proc = start(recipe, tmp_path / "killed")
+    wait_for_rows(tmp_path / "killed", 3, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    resumed = start(recipe, tmp_path / "killed", "--resume", str(tmp_path / "killed"))
+    assert resumed.wait(timeout=600) == 0, resumed.communicate()
+    a, b = rows(tmp_path / "full"), rows(tmp_path / "killed")
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    assert [r["reward/total"] for r in a] == [r["reward/total"] for r in b]
+    last = "checkpoints/step_000005/weights.safetensors"
+    wa, wb = load_file(str(tmp_path / "full" / last)), load_file(str(tmp_path / "killed" / last))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
