@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -97,6 +98,10 @@ class TimestepSelector(Component, ABC):
     def plan(self, schedule: Schedule, iteration: int, generator: torch.Generator) -> Plan:
         """The plan for this iteration."""
 
+    def observe(self, backbone: Backbone, prompts: list[str], schedule: Schedule) -> None:
+        """Called by the loop before :meth:`plan` with this iteration's prompts; selectors that look at the
+        model (AEGPO's attention entropy) probe it here. No-op by default."""
+
 
 class Backbone(Component, ABC):
     """A flow-matching text-to-image model behind one small interface (velocity in, images out).
@@ -134,6 +139,14 @@ class Backbone(Component, ABC):
     @abstractmethod
     def decode(self, x: Tensor) -> Tensor:
         """Images ``(B, 3, H, W)`` in [0, 1] from final latents."""
+
+    def attention_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> Tensor:
+        """Mean softmax entropy of image-query attention rows per latent ``(B,)`` (no grad; AEGPO's probe)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose attention entropy")
+
+    def reference_policy(self) -> AbstractContextManager[None]:
+        """Inside this context the backbone evaluates the base (initial) policy; the trainer installs it."""
+        raise NotImplementedError("no reference policy is installed (the trainer provides one)")
 
     def schedule_sigmas(self, num_steps: int, shift: float) -> tuple[float, ...]:
         """The sampling grid; the shifted flow-matching schedule unless a backbone needs another."""

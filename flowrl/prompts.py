@@ -36,17 +36,20 @@ class PromptList(PromptSource):
         return list(self.config.heldout)
 
 
-def read_prompt_file(path: str) -> list[str]:
-    """Non-empty stripped lines of a UTF-8 text file; :class:`PromptFileError` names the file otherwise."""
+def read_prompt_file(path: str, key: str = "prompts.path") -> list[str]:
+    """Non-empty stripped lines of a UTF-8 text file; :class:`PromptFileError` names the file and key otherwise."""
+    where = f"[{key}] prompt file {path}"
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PromptFileError(f"prompt file {path}: no such file") from None
+        raise PromptFileError(f"{where}: no such file (a relative path starts at the working directory)") from None
     except UnicodeDecodeError as error:
-        raise PromptFileError(f"prompt file {path}: not UTF-8 text (byte {error.start})") from None
+        raise PromptFileError(f"{where}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+    except OSError as error:
+        raise PromptFileError(f"{where}: cannot read ({error.strerror or error})") from None
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
-        raise PromptFileError(f"prompt file {path}: no prompts (the file is empty)")
+        raise PromptFileError(f"{where}: no prompts (the file is empty); write one prompt per line")
     return prompts
 
 
@@ -62,7 +65,7 @@ class PromptFile(PromptSource):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.prompts = read_prompt_file(config.path)
-        self._heldout = read_prompt_file(config.heldout_path) if config.heldout_path else []
+        self._heldout = read_prompt_file(config.heldout_path, "prompts.heldout_path") if config.heldout_path else []
 
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
         return _draw(self.prompts, n, generator)

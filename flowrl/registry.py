@@ -103,8 +103,14 @@ def load_plugins() -> None:
         return
     _plugins_loaded = True
     _import_builtins()
+    failed = []
     for point in entry_points(group=PLUGIN_GROUP):
-        point.load()
+        try:
+            point.load()
+        except Exception as error:  # one broken plugin must not hide the others
+            failed.append(f"plugin '{point.name}' ({point.value}) failed to import: {type(error).__name__}: {error}")
+    if failed:
+        raise RegistryError("; ".join(failed))
 
 
 def _import_builtins() -> None:

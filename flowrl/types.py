@@ -54,11 +54,22 @@ class Plan:
     """What the selector decided for one iteration: the SDE units and which of them are trained.
 
     Steps not covered by a unit are deterministic ODE steps. ``trained`` indexes ``units``.
+    ``group_sizes`` (optional, one per prompt) overrides the sampler's fixed group size: an allocator
+    (AEGPO) gives some prompts more rollouts than others.
     """
 
     units: tuple[Unit, ...]
     trained: tuple[int, ...]
     info: dict[str, Any] = attrs.field(factory=dict)
+    group_sizes: tuple[int, ...] | None = None
+
+    def sizes(self, num_prompts: int, default: int) -> list[int]:
+        """Rollouts per prompt: ``group_sizes`` if set, else ``default`` for every prompt."""
+        if self.group_sizes is None:
+            return [default] * num_prompts
+        if len(self.group_sizes) != num_prompts:
+            raise ValueError(f"plan has {len(self.group_sizes)} group sizes for {num_prompts} prompts")
+        return list(self.group_sizes)
 
     def __attrs_post_init__(self) -> None:
         ends = [u.start for u in self.units]

@@ -119,7 +119,8 @@ def main() -> int:
     if not (ROOT / "README.md").exists():
         problems.append("README.md: missing (pyproject.toml names it as the project's readme)")
     for path in markdown_files():
-        problems += check_links(path) + check_recipe_paths(path)
+        found = check_links(path) + check_recipe_paths(path)
+        problems += sorted(found, key=lambda p: int(p.split(":", 2)[1]))  # "file:line: ..." in line order
     if problems:
         print(f"docs check: {len(problems)} problem{'s' if len(problems) != 1 else ''}")
         print("\n".join(f"  {p}" for p in problems))

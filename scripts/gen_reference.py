@@ -151,7 +151,7 @@ def toml_value(value: Any) -> str:
 
 
 def field_default(field: attrs.Attribute) -> str:
-    default = field.default
+    default: Any = field.default
     if default is attrs.NOTHING:
         return "**required**"
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
@@ -162,7 +162,7 @@ def field_default(field: attrs.Attribute) -> str:
 
 
 def constraints(validator: Any) -> list[str]:
-    """Readable constraints of attrs' built-in validators; ``custom check`` for anything else."""
+    """Readable constraints of attrs' built-in validators; a custom validator's docstring, else ``custom check``."""
     if validator is None:
         return []
     name = type(validator).__name__
@@ -183,6 +183,9 @@ def constraints(validator: Any) -> list[str]:
         return [f"length <= {validator.max_length}"]
     if name == "_OptionalValidator":
         return [f"{c} or unset" for c in constraints(validator.validator)]
+    doc = paragraphs(validator.__doc__) if inspect.isfunction(validator) else []
+    if doc:  # a validator function's own summary
+        return [markdown(doc[0]).rstrip(".")]
     return ["custom check"]
 
 
@@ -251,7 +254,7 @@ def render() -> str:
             lines += [f"### `{name}`", "", f"`{cls.__module__}.{cls.__qualname__}`. {head}", ""]
             if body:
                 lines += [body, ""]
-            lines += [*fields_table(cls.Config), ""]
+            lines += [*fields_table(cls.Config), ""]  # type: ignore[attr-defined]
     for table, config in SETTING_TABLES.items():
         head, body = summary_and_body(config)
         lines += [f"## {table} table", "", head, ""]

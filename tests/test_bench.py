@@ -157,6 +157,22 @@ def test_options() -> None:
     assert {"seed=3", "trainer.max_nfe=500", "trainer.eval_every=2", "trainer.checkpoint_every=0"} <= set(items)
 
 
+def test_resume_decisions(tmp_path: Path) -> None:
+    from flowrl.bench.run import can_continue, is_complete
+    from flowrl.recipe import recipe_from_dict
+
+    recipe = recipe_from_dict(tiny_recipe(), bench_overrides(0, 100, 2, None))
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("")
+    (run / "recipe.toml").write_text(recipe.to_toml())
+    assert can_continue(run, recipe) and not is_complete(run, recipe)
+    (run / FINAL_EVAL).write_text("{}")
+    assert is_complete(run, recipe)
+    other = recipe_from_dict(tiny_recipe(), bench_overrides(0, 200, 2, None))  # another budget
+    assert not is_complete(run, other) and not can_continue(run, other)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

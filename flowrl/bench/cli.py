@@ -29,7 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default=None, metavar="DIR",
                         help="report folder; runs go to DIR/runs/<name>/seed<k> (default: runs/bench-<time>)")
     parser.add_argument("--resume", action="store_true",
-                        help="reuse runs in DIR that finished with the same resolved recipe (needs --output-dir)")
+                        help="reuse runs in DIR finished with the same resolved recipe, continue interrupted ones"
+                        " from their checkpoint (needs --output-dir)")
     parser.add_argument("--quiet", action="store_true", help="no per-run training bars (the bar over runs stays)")
     parser.set_defaults(func=main)
 
@@ -62,8 +63,8 @@ def _run(args: argparse.Namespace) -> int:
         reference=args.reference, metric=args.metric, resume=args.resume, quiet=args.quiet,
     )
     print(markdown(results), end="")
-    reused = results["bench"].get("reused") or []
-    if reused:
-        print(f"reused {len(reused)} finished run(s): {', '.join(reused)}")
+    for key, verb in (("reused", "reused finished"), ("continued", "continued interrupted")):
+        if results["bench"].get(key):
+            print(f"{verb} run(s): {', '.join(results['bench'][key])}")
     print(f"report: {out / 'results.md'} (results.json, score_vs_nfe.png, score_vs_wall_s.png)")
     return 0

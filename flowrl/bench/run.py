@@ -3,7 +3,8 @@
 Each run goes to ``DIR/runs/<recipe name>/seed<k>/`` with the overrides of :func:`bench_overrides` (then the
 user's ``--set``). After a run the harness writes ``final_eval.json`` there: the held-out figures of the
 final weights (the trainer evaluates only every ``eval_every`` iterations, so its last evaluation may be
-older than the budget's end). That file also marks the run complete, for ``--resume``.
+older than the budget's end). That file also marks the run complete: with ``--resume`` a complete run of
+the same resolved recipe is reused, and an interrupted one continues from its newest checkpoint.
 """
 
 from __future__ import annotations
@@ -108,15 +109,20 @@ def load_recipes(paths: Sequence[str | Path], seeds: Sequence[int], overrides_fo
     return plan
 
 
-def is_complete(run_dir: Path, recipe: Recipe) -> bool:
-    """A finished bench run of exactly this resolved recipe (same seed, budget, evaluation and overrides)."""
+def same_recipe(run_dir: Path, recipe: Recipe) -> bool:
+    """``run_dir`` was started with exactly this resolved recipe (same seed, budget, evaluation, overrides)."""
     recipe_file = run_dir / "recipe.toml"
-    return (
-        (run_dir / FINAL_EVAL).is_file()
-        and (run_dir / "metrics.jsonl").is_file()
-        and recipe_file.is_file()
-        and recipe_file.read_text() == recipe.to_toml()
-    )
+    return recipe_file.is_file() and recipe_file.read_text() == recipe.to_toml()
+
+
+def is_complete(run_dir: Path, recipe: Recipe) -> bool:
+    """A finished bench run of exactly this resolved recipe."""
+    return (run_dir / FINAL_EVAL).is_file() and (run_dir / "metrics.jsonl").is_file() and same_recipe(run_dir, recipe)
+
+
+def can_continue(run_dir: Path, recipe: Recipe) -> bool:
+    """An interrupted run of exactly this resolved recipe with a checkpoint to continue from."""
+    return same_recipe(run_dir, recipe) and any((run_dir / "checkpoints").glob("step_*"))
 
 
 def clear_run_dir(run_dir: Path) -> None:
@@ -143,14 +149,15 @@ def reset_peak_memory() -> None:
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM, which ru_maxrss reports
 
 
-def train_one(recipe: Recipe, run_dir: Path, quiet: bool) -> None:
-    """Train one run into ``run_dir`` and write its ``final_eval.json``."""
+def train_one(recipe: Recipe, run_dir: Path, quiet: bool, continue_run: bool = False) -> None:
+    """Train one run into ``run_dir`` (afresh, or from its newest checkpoint) and write ``final_eval.json``."""
     from flowrl.trainer import Trainer
     from flowrl.trainer.loop import NonFiniteError
 
-    clear_run_dir(run_dir)
+    if not continue_run:
+        clear_run_dir(run_dir)
     reset_peak_memory()
-    trainer = Trainer(recipe, run_dir, quiet=quiet)
+    trainer = Trainer(recipe, run_dir, resume=run_dir if continue_run else None, quiet=quiet)
     try:
         trainer.run()
     except NonFiniteError as error:
@@ -203,6 +210,7 @@ def run_bench(
     output_dir = Path(output_dir)
     runs: dict[str, dict[int, Path]] = {}
     reused: list[str] = []
+    continued: list[str] = []
     start = time.perf_counter()
     with tqdm(total=len(plan) * len(seeds), desc="bench", unit="run") as bar:
         for name, by_seed in plan.items():
@@ -211,6 +219,9 @@ def run_bench(
                 bar.set_postfix_str(f"{name} seed {seed}")
                 if resume and is_complete(run_dir, recipe):
                     reused.append(f"{name}/seed{seed}")
+                elif resume and can_continue(run_dir, recipe):
+                    continued.append(f"{name}/seed{seed}")
+                    train_one(recipe, run_dir, quiet, continue_run=True)
                 else:
                     train_one(recipe, run_dir, quiet)
                 runs.setdefault(name, {})[seed] = run_dir
@@ -224,6 +235,7 @@ def run_bench(
         "overrides": list(overrides),
         "resume": resume,
         "reused": reused,
+        "continued": continued,
         "bench_s": round(time.perf_counter() - start, 2),
     }
     try:

@@ -12,8 +12,8 @@ from flowrl.config import ConfigError
 from flowrl.prompts import PromptFileError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, RegistryError, registry, summary
-from flowrl.trainer.checkpoint import CheckpointError
-from flowrl.trainer.loop import NonFiniteError, RewardError
+from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
+from flowrl.trainer.loop import NonFiniteError, RewardError, RunFolderError
 
 USER_ERRORS = (
     RecipeError,
@@ -24,6 +24,7 @@ USER_ERRORS = (
     FileNotFoundError,
     RewardError,
     NonFiniteError,
+    RunFolderError,
 )
 
 
@@ -31,6 +32,8 @@ def train(args: argparse.Namespace) -> int:
     from flowrl.trainer import train as run_training
 
     recipe = load_recipe(args.recipe, args.set)
+    if args.resume:  # fail before any folder is created or written, and before any model loads
+        find_checkpoint(Path(args.resume))
     if args.resume and not args.output_dir:
         run_dir = Path(args.resume)
         run_dir = run_dir.parent.parent if run_dir.parent.name == "checkpoints" else run_dir
@@ -46,7 +49,7 @@ def validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.recipes:
         try:
-            load_recipe(path)
+            load_recipe(path, args.set)
             print(f"ok  {path}")
         except RecipeError as error:
             failed += 1

@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check recipes without loading any model")
     v.add_argument("recipes", nargs="+")
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override before checking")
     v.set_defaults(func=commands.validate)
 
     s = sub.add_parser("show", help="print the resolved recipe (defaults filled in)")
@@ -75,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    # Research code next to a recipe is importable as `module:Class` without installing it.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return int(args.func(args) or 0)
     except commands.USER_ERRORS as error:

@@ -27,13 +27,13 @@ class IndependentSampler(RolloutSampler):
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
     ) -> Rollout:
-        g = self.config.group_size
+        sizes = torch.tensor(plan.sizes(len(prompts), self.config.group_size))
         nfe0 = backbone.nfe
         cond = backbone.encode(prompts)
-        rollout_prompt = torch.arange(len(prompts)).repeat_interleave(g)
+        rollout_prompt = torch.arange(len(prompts)).repeat_interleave(sizes)
         if self.config.same_noise:
             x = rng.randn(torch.arange(len(prompts)), backbone.latent_shape, backbone.device)
-            x = x.repeat_interleave(g, dim=0)
+            x = x.repeat_interleave(sizes.to(x.device), dim=0)
         else:
             x = rng.randn(rollout_prompt, backbone.latent_shape, backbone.device)
         recorder = TrajectoryRecorder(plan, rollout_index=torch.arange(len(rollout_prompt)))

@@ -82,6 +82,8 @@ def list_checkpoints(parent: Path) -> list[Path]:
 def find_checkpoint(path: Path) -> Path:
     """A checkpoint folder, or the newest one of a run folder."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such run or checkpoint folder; check the path")
     if (path / STATE).exists():
         return path
     found = list_checkpoints(path / "checkpoints")
@@ -93,28 +95,39 @@ def find_checkpoint(path: Path) -> Path:
 def load_checkpoint(folder: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Any]]:
     """(weights, state, extra) of a checkpoint folder; :class:`CheckpointError` when unreadable."""
     folder = Path(folder)
+    name = WEIGHTS
     try:
         weights = load_file(str(folder / WEIGHTS))
+        name = STATE
         state = json.loads((folder / STATE).read_text())
-        extra_path = folder / "extra.pt"
+        name = "extra.pt"
+        extra_path = folder / name
         extra = torch.load(extra_path, weights_only=False) if extra_path.exists() else {}
     except FileNotFoundError as error:
         raise CheckpointError(f"checkpoint {folder}: missing {Path(error.filename).name}") from None
     except Exception as error:  # truncated or corrupt files raise many types
-        raise CheckpointError(f"checkpoint {folder}: unreadable ({type(error).__name__}: {error})") from None
+        raise CheckpointError(
+            f"checkpoint {folder}: {name} is truncated or corrupt ({type(error).__name__}: {error});"
+            " use another checkpoint (an earlier step_* folder)"
+        ) from None
     return weights, state, extra
 
 
 def load_weights_into(module: torch.nn.Module, weights: dict[str, Tensor], source: Path) -> None:
     """Copy ``weights`` into the named parameters of ``module``; every name and shape must match."""
     params = dict(module.named_parameters())
-    missing = sorted(set(weights) - set(params))
-    if missing:
-        raise CheckpointError(f"checkpoint {source}: weights do not fit this model (e.g. '{missing[0]}')")
+    fix = f"use the recipe the checkpoint was written with ({Path(source) / 'recipe.toml'})"
+    unknown = sorted(set(weights) - set(params))
+    if unknown:
+        raise CheckpointError(f"checkpoint {source}: weights are from another model ('{unknown[0]}'); {fix}")
+    absent = sorted(n for n, p in params.items() if p.requires_grad and n not in weights)
+    if absent:  # a smaller model's weights would load only partly
+        raise CheckpointError(f"checkpoint {source}: weights are from another model (no '{absent[0]}'); {fix}")
     for name, tensor in weights.items():
         if params[name].shape != tensor.shape:
             raise CheckpointError(
-                f"checkpoint {source}: '{name}' has shape {tuple(tensor.shape)}, model has {tuple(params[name].shape)}"
+                f"checkpoint {source}: weights are from another model ('{name}' has shape {tuple(tensor.shape)},"
+                f" this model's {tuple(params[name].shape)}); {fix}"
             )
         with torch.no_grad():
             params[name].copy_(tensor)

@@ -45,6 +45,10 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive iterations produced NaN or inf."""
 
 
+class RunFolderError(ValueError):
+    """The output folder already holds a run that a fresh run would overwrite."""
+
+
 class RewardError(RuntimeError):
     """A reward model raised or returned the wrong shape; names the component."""
 
@@ -61,6 +65,10 @@ class Trainer:
         self.quiet = quiet
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=self.cfg.mixed_precision)
         seed_everything(recipe.seed + self.accelerator.process_index)
+        if self.cfg.torch_threads:
+            torch.set_num_threads(self.cfg.torch_threads)
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         # Rewards first: missing weights or extras fail before the backbone loads.
         self.rewards = reward_models(recipe)
         self.prompts = recipe.build("prompts")
@@ -87,6 +95,11 @@ class Trainer:
             (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
         if resume is not None:
             self._resume(find_checkpoint(resume))
+        elif (self.run_dir / "metrics.jsonl").exists():
+            raise RunFolderError(
+                f"run folder {self.run_dir} already holds a run (metrics.jsonl); continue it with --resume "
+                "or choose another --output-dir"
+            )
         self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, truncate_after=self.step)
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -111,30 +124,37 @@ class Trainer:
         module, self.optimizer = self.accelerator.prepare(transformer, self.optimizer)
         self.backbone.module = module  # type: ignore[attr-defined]
         self.ema = EMA(self.named_params, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
+        # The reference (base) policy: LoRA switched off, or a frozen copy when some part needs one.
         self.reference: Callable[[], AbstractContextManager[None]] | None = None
+        needs = [self.loss_fn, self.selector, self.sampler]
         if self.recipe.lora is not None:
             self.reference = lambda: adapters_disabled(transformer)
-        if self.loss_fn.needs_reference and self.reference is None:
+        elif any(getattr(part, "needs_reference", False) for part in needs):
             self.reference_model = _frozen_copy(transformer)
             self.reference = lambda: _swapped(self.backbone, self.reference_model)
-        elif self.reference is None:
+        if self.reference is not None:
+            self.backbone.reference_policy = self.reference  # type: ignore[method-assign]
+        else:
             self.reference = no_reference
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> Path:
+        by_nfe = bool(self.cfg.max_nfe)  # with an NFE budget the bar counts evaluations
         bar = tqdm(
-            total=self.cfg.max_steps,
-            initial=self.step,
+            total=self.cfg.max_nfe if by_nfe else self.cfg.max_steps,
+            initial=self.nfe if by_nfe else self.step,
             desc=self.recipe.name,
+            unit="nfe" if by_nfe else "it",
             disable=self.quiet or not self.accelerator.is_main_process,
         )
         stop = StopSignal()
         try:
             if self.cfg.eval_every and self.step == 0:
                 self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **self.evaluate()})
-            while self.step < self.cfg.max_steps and not (self.cfg.max_nfe and self.nfe >= self.cfg.max_nfe):
+            while not self.finished():
+                nfe = self.nfe
                 metrics = self.iteration()
-                bar.update(1)
+                bar.update(self.nfe - nfe if by_nfe else 1)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.4f}", nfe=self.nfe)
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self.save()
@@ -151,6 +171,10 @@ class Trainer:
         self.accelerator.end_training()
         return self.run_dir
 
+    def finished(self) -> bool:
+        """The step limit or the NFE budget is reached."""
+        return self.step >= self.cfg.max_steps or bool(self.cfg.max_nfe and self.nfe >= self.cfg.max_nfe)
+
     def iteration(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         forward0 = self.backbone.forward_s
@@ -159,6 +183,7 @@ class Trainer:
         seed, per, rank = self.recipe.seed, self.cfg.prompts_per_step, self.accelerator.process_index
         everyone = self.prompts.sample(per * self.accelerator.num_processes, generator(seed, step, "prompts"))
         prompts = everyone[rank * per : (rank + 1) * per]
+        self.selector.observe(self.backbone, prompts, self.schedule)
         plan = self.selector.plan(self.schedule, step, generator(seed, step, "plan"))
         # 2. rollout with the current (old) policy
         self.backbone.module.eval()  # type: ignore[attr-defined]
@@ -182,6 +207,7 @@ class Trainer:
         metrics: dict[str, Any] = {f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()}
         metrics["reward/total"] = float(rewards.total.mean())
         metrics["advantage/abs_mean"] = float(advantages.values.abs().mean())
+        metrics.update({f"advantage/{k}/abs_mean": float(v.abs().mean()) for k, v in advantages.per_reward.items()})
         metrics.update(update)
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
         metrics["lr"] = self.lr_schedule.get_last_lr()[0]
@@ -200,7 +226,7 @@ class Trainer:
             **reduce_metrics(self.accelerator, metrics),
             "skipped_steps": self.skipped,
         }
-        if self.cfg.eval_every and self.step % self.cfg.eval_every == 0:
+        if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or self.finished()):
             metrics.update(self.evaluate())
         if self.cfg.log_every and self.step % self.cfg.log_every == 0:
             self.logger.log(metrics)

@@ -31,46 +31,42 @@ class AnchorBranchSampler(RolloutSampler):
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
     ) -> Rollout:
-        p, g = len(prompts), self.config.group_size
+        p = len(prompts)
+        sizes = torch.tensor(plan.sizes(p, self.config.group_size))
+        r = int(sizes.sum())  # rollouts per unit
         nfe0 = backbone.nfe
         cond = backbone.encode(prompts)
         x1 = rng.randn(torch.arange(p), backbone.latent_shape, backbone.device)
         anchors = anchor_trajectory(backbone, x1, cond, plan, schedule)
-        sigmas = schedule.tensor()
+        sigmas = schedule.tensor().to(x1.device)
         parts, tails, tail_steps = [], [], []
-        prompt_rows = torch.arange(p).repeat_interleave(g)
+        prompt_rows = torch.arange(p).repeat_interleave(sizes)
         for order, k in enumerate(plan.trained):
             unit = plan.units[k]
             x, v = anchors[unit.start]
-            s, s_next = sigmas[unit.start].expand(p * g), sigmas[unit.end].expand(p * g)
+            s, s_next = sigmas[unit.start].expand(r), sigmas[unit.end].expand(r)
             noise = rng.randn(prompt_rows, x.shape[1:], x.device)
-            out = schedule.kernel.step(
-                x.repeat_interleave(g, 0),
-                v.repeat_interleave(g, 0),
-                s.to(x.device),
-                s_next.to(x.device),
-                schedule.s_at_one,
-                noise,
-            )
+            rows = prompt_rows.to(x.device)
+            out = schedule.kernel.step(x[rows], v[rows], s, s_next, schedule.s_at_one, noise)
             parts.append(
                 Transitions(
                     inputs=x,
-                    input_s=sigmas[unit.start].expand(p).to(x.device),
+                    input_s=sigmas[unit.start].expand(p),
                     input_cond=torch.arange(p),
                     input_index=prompt_rows,
-                    s_next=s_next.to(x.device),
+                    s_next=s_next,
                     x_next=out.next,
                     log_prob=out.log_prob,
-                    rollout_index=order * p * g + torch.arange(p * g),
-                    unit_index=torch.full((p * g,), k, dtype=torch.long),
-                    weight=torch.ones(p * g),
+                    rollout_index=order * r + torch.arange(r),
+                    unit_index=torch.full((r,), k, dtype=torch.long),
+                    weight=torch.ones(r),
                 )
             )
             tails.append(out.next)
-            tail_steps.append(torch.full((p * g,), unit.end, dtype=torch.long))
+            tail_steps.append(torch.full((r,), unit.end, dtype=torch.long))
         rollout_prompt = prompt_rows.repeat(len(plan.trained))
         final = ode_tails(backbone, torch.cat(tails), torch.cat(tail_steps), cond.take(rollout_prompt), schedule)
-        rollout_unit = torch.tensor(plan.trained).repeat_interleave(p * g)
+        rollout_unit = torch.tensor(plan.trained).repeat_interleave(r)
         return Rollout(
             prompts=list(prompts),
             cond=cond,
