@@ -17,6 +17,7 @@ from flowrl.rng import RolloutRNG
 from flowrl.types import (
     Advantages,
     Conditioning,
+    ForwardProcessInputs,
     LossInputs,
     Plan,
     RewardBatch,
@@ -193,13 +194,33 @@ class AdvantageEstimator(Component, ABC):
 
 
 class PolicyLoss(Component, ABC):
-    """The objective on recorded transitions."""
+    """The objective on recorded transitions (``objective = "transitions"``, PPO-style likelihood ratios)."""
 
     needs_reference: bool = False
+    objective: str = "transitions"
 
     @abstractmethod
     def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
         """The scalar loss and statistics to log (``clip_frac`` at least)."""
+
+
+class ForwardProcessLoss(PolicyLoss):
+    """An objective on the forward (noising) process of the rollouts' final latents: no log-densities, so any
+    sampler works (DiffusionNFT). The trainer re-noises each rollout's ``x0`` at ``sample_times`` and calls
+    :meth:`forward_process`."""
+
+    objective = "forward_process"
+
+    def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
+        raise TypeError(f"{type(self).__name__} is a forward-process loss; the trainer calls forward_process()")
+
+    def sample_times(self, n: int, generator: torch.Generator) -> Tensor:
+        """Noise levels ``t`` in (0, 1) at which rollouts are re-noised; uniform by default."""
+        return torch.rand(n, generator=generator).clamp(1e-3, 1 - 1e-3)
+
+    @abstractmethod
+    def forward_process(self, batch: ForwardProcessInputs) -> tuple[Tensor, dict[str, float]]:
+        """The scalar loss and statistics for a micro-batch of re-noised rollouts."""
 
 
 class PromptSource(Component, ABC):

@@ -165,6 +165,14 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
     selector = recipe.parts["selector"]
     if steps is not None and hasattr(selector.cls, "check_steps"):
         yield from (("selector." + k, msg) for k, msg in selector.cls.check_steps(selector.config, steps))
+    if (
+        getattr(recipe.parts["loss"].cls, "objective", "transitions") == "forward_process"
+        and recipe.trainer.inner_epochs > 1
+    ):
+        yield (
+            "trainer.inner_epochs",
+            "a forward-process loss takes one inner epoch (its old policy is the current one)",
+        )
     names = [r.name for r in recipe.rewards]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         yield ("reward", f"two rewards are named '{dup}'; give each [[reward]] a distinct name")

@@ -165,6 +165,7 @@ class Rollout:
     transitions: Transitions
     nfe: int
     rollout_unit: Tensor | None = None  # (R,) long: the unit a rollout explored (branching samplers)
+    final_latents: Tensor | None = None  # (R, *latent): clean latents x0 (forward-process losses need them)
 
     @property
     def num_rollouts(self) -> int:
@@ -215,3 +216,20 @@ class LossInputs:
     mean: Tensor
     std: Tensor
     ref_mean: Tensor | None = None
+
+
+@attrs.define
+class ForwardProcessInputs:
+    """What a forward-process loss (DiffusionNFT) sees: rollouts re-noised at times ``t``.
+
+    ``x_t = (1 - t) x0 + t eps``; ``v`` is the current policy's velocity at ``(x_t, t)`` (with grad),
+    ``v_old`` the rollout-time policy's (no grad), ``v_ref`` the reference policy's when the loss needs it.
+    """
+
+    x0: Tensor
+    x_t: Tensor
+    t: Tensor
+    v: Tensor
+    v_old: Tensor
+    advantages: Tensor
+    v_ref: Tensor | None = None

@@ -33,7 +33,10 @@ def train(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.set)
     if args.resume:  # fail before any folder is created or written, and before any model loads
-        find_checkpoint(Path(args.resume))
+        try:
+            find_checkpoint(Path(args.resume))
+        except CheckpointError as error:
+            raise CheckpointError(f"--resume {error}") from None
     if args.resume and not args.output_dir:
         run_dir = Path(args.resume)
         run_dir = run_dir.parent.parent if run_dir.parent.name == "checkpoints" else run_dir

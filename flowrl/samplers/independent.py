@@ -46,4 +46,5 @@ class IndependentSampler(RolloutSampler):
             group=rollout_prompt.clone(),
             transitions=recorder.transitions(),
             nfe=backbone.nfe - nfe0,
+            final_latents=x,
         )

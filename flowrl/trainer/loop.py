@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import adapters_disabled, add_lora
-from flowrl.trainer.update import StatsMean, no_reference, transition_losses
+from flowrl.trainer.update import StatsMean, forward_process_losses, no_reference, transition_losses
 from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 
@@ -266,9 +266,8 @@ class Trainer:
 
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
         """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped."""
-        transitions = rollout.transitions
         result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
-        if len(transitions) == 0:
+        if self.loss_fn.objective == "transitions" and len(rollout.transitions) == 0:
             return result
         module = self.backbone.module  # type: ignore[attr-defined]
         module.train()
@@ -277,17 +276,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             stats = StatsMean()
             total_loss = torch.zeros(())
-            for loss, share, batch_stats in transition_losses(
-                self.backbone,
-                self.schedule.kernel,
-                self.loss_fn,
-                self.schedule,
-                rollout.cond,
-                transitions,
-                advantages.values,
-                self.cfg.train_batch_size,
-                self.reference,
-            ):
+            for loss, share, batch_stats in self.micro_batches(rollout, advantages):
                 start = time.perf_counter()
                 self.accelerator.backward(loss * share)
                 backward_s += time.perf_counter() - start
@@ -312,6 +301,25 @@ class Trainer:
             result.setdefault("clip_frac", 0.0)
             result["time/backward_s"] = backward_s
         return result
+
+    def micro_batches(self, rollout: Rollout, advantages: Advantages) -> Iterator[tuple[torch.Tensor, float, dict]]:
+        """(loss, share, stats) per micro-batch: recorded transitions, or re-noised rollouts (forward process)."""
+        if self.loss_fn.objective == "forward_process":
+            nft = generator(self.recipe.seed, self.step, "forward_process", self.accelerator.process_index)
+            return forward_process_losses(
+                self.backbone, self.loss_fn, rollout, advantages.values, self.cfg.train_batch_size, nft, self.reference
+            )
+        return transition_losses(
+            self.backbone,
+            self.schedule.kernel,
+            self.loss_fn,
+            self.schedule,
+            rollout.cond,
+            rollout.transitions,
+            advantages.values,
+            self.cfg.train_batch_size,
+            self.reference,
+        )
 
     def _bad_step(self) -> None:
         self.bad_steps += 1

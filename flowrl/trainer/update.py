@@ -9,8 +9,8 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor
 
-from flowrl.interfaces import Backbone, PolicyLoss, TransitionKernel, gaussian_log_prob
-from flowrl.types import Conditioning, LossInputs, Schedule, Transitions
+from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss, TransitionKernel, gaussian_log_prob
+from flowrl.types import Conditioning, ForwardProcessInputs, LossInputs, Rollout, Schedule, Transitions
 
 
 def input_chunks(transitions: Transitions, batch_inputs: int) -> Iterator[tuple[Tensor, Tensor]]:
@@ -69,6 +69,44 @@ def transition_losses(
         )
         loss, stats = loss_fn(batch)
         yield loss, len(t_ids) / total, stats
+
+
+def forward_process_losses(
+    backbone: Backbone,
+    loss_fn: ForwardProcessLoss,
+    rollout: Rollout,
+    advantages: Tensor,
+    batch_rollouts: int,
+    generator: torch.Generator,
+    reference: Callable[[], AbstractContextManager[None]] | None = None,
+) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
+    """For forward-process losses: re-noise each rollout's clean latent and yield (loss, share, stats).
+
+    ``v_old`` is the policy's velocity before this update (one inner epoch: the same forward, detached).
+    """
+    if rollout.final_latents is None:
+        raise ValueError(f"{type(loss_fn).__name__} needs Rollout.final_latents; the sampler did not record them")
+    x0_all = rollout.final_latents.float()
+    total = x0_all.shape[0]
+    t_all = loss_fn.sample_times(total, generator)
+    eps_all = torch.randn(x0_all.shape, generator=generator)
+    for start in range(0, total, batch_rollouts):
+        rows = torch.arange(start, min(start + batch_rollouts, total))
+        x0 = x0_all[rows]
+        t = t_all[rows].to(x0.device)
+        shape = (-1, *([1] * (x0.dim() - 1)))
+        x_t = (1 - t.reshape(shape)) * x0 + t.reshape(shape) * eps_all[rows].to(x0.device)
+        cond = rollout.cond.take(rollout.rollout_prompt[rows])
+        v = backbone.velocity(x_t, t, cond)
+        v_ref = None
+        if loss_fn.needs_reference and reference is not None:
+            with torch.no_grad(), reference():
+                v_ref = backbone.velocity(x_t, t, cond)
+        batch = ForwardProcessInputs(
+            x0=x0, x_t=x_t, t=t, v=v, v_old=v.detach(), advantages=advantages[rows].to(x0.device), v_ref=v_ref
+        )
+        loss, stats = loss_fn.forward_process(batch)
+        yield loss, len(rows) / total, stats
 
 
 class StatsMean:

@@ -76,6 +76,7 @@ class AnchorBranchSampler(RolloutSampler):
             transitions=Transitions.concat(parts),
             nfe=backbone.nfe - nfe0,
             rollout_unit=rollout_unit,
+            final_latents=final,
         )
 
 
