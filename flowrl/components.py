@@ -9,5 +9,5 @@ from flowrl import (  # noqa: F401
 )
 from flowrl.backbones import flux, tiny_flux  # noqa: F401
 from flowrl.rewards import jpeg  # noqa: F401
-from flowrl.samplers import independent  # noqa: F401
+from flowrl.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401

@@ -71,7 +71,7 @@ def both(*setups: Setup) -> Setup:
 
 def toml_syntax(folder: Path, run: Path) -> None:
     text = dumps(tiny_recipe(max_steps=1)).replace('name = "tiny"', "name = tiny", 1)
-    (folder / "bad.toml").write_text(text)
+    (folder / "toml-syntax.toml").write_text(text)
 
 
 def prompt_file(data: dict) -> None:
@@ -143,10 +143,10 @@ def recipe_case(id: str, input: str, edit: Callable[[dict], object], line: str, 
     return Case(
         id,
         input,
-        ("validate", "bad.toml"),
-        recipe("bad.toml", edit),
-        f"recipe error: 1 problem in bad.toml\n  {line}",
-        ("bad.toml", key),
+        ("validate", f"{id}.toml"),
+        recipe(f"{id}.toml", edit),
+        f"recipe error: 1 problem in {id}.toml\n  {line}",
+        (f"{id}.toml", key),
     )
 
 
@@ -158,10 +158,10 @@ CASES = [
     Case(
         "toml-syntax",
         "recipe with a TOML syntax error (`name = tiny`, an unquoted string)",
-        ("validate", "bad.toml"),
+        ("validate", "toml-syntax.toml"),
         toml_syntax,
-        "recipe error: 1 problem in bad.toml\n  [toml] syntax error: Invalid value (at line 1, column 8)",
-        ("bad.toml", "line 1"),
+        "recipe error: 1 problem in toml-syntax.toml\n  [toml] syntax error: Invalid value (at line 1, column 8)",
+        ("toml-syntax.toml", "line 1"),
     ),
     recipe_case(
         "unknown-type",
@@ -267,10 +267,11 @@ CASES = [
     Case(
         "recipe-not-utf8",
         'a recipe saved as Latin-1 (`name = "café"`)',
-        ("validate", "bad.toml"),
-        write("bad.toml", 'name = "café"\n'.encode("latin-1")),
-        "recipe error: 1 problem in bad.toml\n  [file] cannot read: 'utf-8' codec can't decode byte 0xe9 in position 11…",
-        ("bad.toml", "[file]"),
+        ("validate", "recipe-not-utf8.toml"),
+        write("recipe-not-utf8.toml", 'name = "café"\n'.encode("latin-1")),
+        "recipe error: 1 problem in recipe-not-utf8.toml\n"
+        "  [file] cannot read: 'utf-8' codec can't decode byte 0xe9 in position 11…",
+        ("recipe-not-utf8.toml", "[file]"),
     ),
     # prompt files
     Case(
@@ -295,7 +296,7 @@ CASES = [
         "as above; `prompts.txt` saved as Latin-1 (`a café`)",
         ("train", "tiny.toml"),
         both(recipe(edit=prompt_file), write("prompts.txt", "a red circle\na café\n".encode("latin-1"))),
-        "error: [prompts.path] prompt file prompts.txt: not UTF-8 text (byte 16); save it as UTF-8",
+        "error: [prompts.path] prompt file prompts.txt: not UTF-8 text (byte 18); save it as UTF-8",
         ("prompts.txt", "[prompts.path]"),
         keep=("prompts.txt",),
     ),
@@ -430,13 +431,37 @@ def snapshot(folder: Path, names: tuple[str, ...]) -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in names}
 
 
+VALIDATE = [c for c in CASES if c.command[0] == "validate"]
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, str]]:
+    """One ``flowrl validate`` over every validate row's file (it reports each file on its own): one start-up,
+    not one per row. Returns the exit status and each file's report."""
+    folder = tmp_path_factory.mktemp("validate")
+    for case in VALIDATE:
+        case.setup(folder, folder)
+    out = flowrl(("validate", *(c.command[1] for c in VALIDATE)), folder)
+    reports: dict[str, str] = {}
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.startswith(("recipe error:", "ok  ")):
+            current = line.rsplit(" ", 1)[-1]
+            reports[current] = ""
+        reports[current] += line + "\n"
+    return out.returncode, reports
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_bad_input(case: Case, tmp_path: Path, trained_run: Path) -> None:
-    case.setup(tmp_path, trained_run)
-    before = snapshot(tmp_path, case.keep)
-    out = flowrl(case.command, tmp_path, case.pythonpath)
-    text = out.stdout + out.stderr
-    assert out.returncode == 2, text
+def test_bad_input(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if case.command[0] == "validate":
+        returncode, reports = request.getfixturevalue("validated")
+        text, before = reports[case.command[1]], {}
+    else:
+        case.setup(tmp_path, request.getfixturevalue("trained_run"))
+        before = snapshot(tmp_path, case.keep)
+        out = flowrl(case.command, tmp_path, case.pythonpath)
+        returncode, text = out.returncode, out.stdout + out.stderr
+    assert returncode == 2, text
     assert "Traceback" not in text, text
     assert case.expected in text, text
     reports = [line for line in text.splitlines() if line.startswith(("error:", "recipe error:"))]

@@ -1,6 +1,8 @@
-"""E-GRPO (arXiv 2601.00423): merged high-entropy SDE steps, shared-anchor branching, per-unit advantages."""
+"""E-GRPO (arXiv 2601.00423): merged high-entropy SDE steps, shared-anchor branching, per-unit advantages.
 
-from flowrl_zoo.egrpo.sampler import AnchorBranchSampler
-from flowrl_zoo.egrpo.selector import EntropyUnits, greedy_units, merged_entropy
+The sampler (``anchor_branch``) lives in the core: TempFlow-GRPO's per-step branching shares it.
+"""
 
-__all__ = ["AnchorBranchSampler", "EntropyUnits", "greedy_units", "merged_entropy"]
+from flowrl_zoo.egrpo.selector import EntropyUnits, greedy_units
+
+__all__ = ["EntropyUnits", "greedy_units"]

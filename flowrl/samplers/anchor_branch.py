@@ -1,10 +1,11 @@
-"""E-GRPO's shared-anchor branching sampler.
+"""The shared-anchor branching sampler (E-GRPO; TempFlow-GRPO's per-step branching is its m = 1 case).
 
-Each prompt has one initial noise and one deterministic ODE anchor trajectory. For each unit ``(i, m)``
-every one of the G rollouts jumps from the anchor latent at step ``i`` to step ``i + m`` by one SDE step
-with its own noise, then finishes by ODE **from step i + m** (the official release restarts at ``i + 1``).
-The jump reuses the anchor's velocity at step ``i``, so a prompt costs ``N + G * sum(N - i - m)``
-transformer evaluations, and at training time one forward per (prompt, unit) serves the whole group.
+Each prompt has one initial noise and one deterministic ODE anchor trajectory. For each trained unit
+``(i, m)`` every one of the G rollouts jumps from the anchor latent at step ``i`` to step ``i + m`` by one
+SDE step with its own noise, then finishes by ODE **from step i + m** (E-GRPO's official release restarts
+at ``i + 1``). The jump reuses the anchor's velocity at step ``i``, so a prompt costs
+``N + G * sum(N - i - m)`` transformer evaluations, and at training time one forward per (prompt, unit)
+serves the whole group. Rollouts are grouped by (prompt, unit).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import attrs
 import torch
 from attrs.validators import ge, gt
 
-from flowrl import Backbone, Conditioning, Plan, Rollout, RolloutSampler, Schedule, Transitions, register
+from flowrl.interfaces import Backbone, RolloutSampler
+from flowrl.registry import register
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import ode_tails
+from flowrl.types import Conditioning, Plan, Rollout, Schedule, Transitions
 
 
-@register("sampler", "egrpo_branch")
+@register("sampler", "anchor_branch")
 class AnchorBranchSampler(RolloutSampler):
     """Shared ODE anchor per prompt; G SDE jumps per unit from the anchor, ODE tails from i + m (E-GRPO)."""
 
