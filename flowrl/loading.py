@@ -40,18 +40,23 @@ class LoadedPolicy:
 
 
 def load_policy(path: Path) -> LoadedPolicy:
-    """Build the recipe stored with a checkpoint (or a run's newest checkpoint) and load its weights."""
-    folder = find_checkpoint(path)
-    recipe_file = folder / "recipe.toml"
-    if not recipe_file.exists():
-        raise CheckpointError(f"checkpoint {folder}: missing recipe.toml")
-    recipe = load_recipe(recipe_file)
-    weights, state, _ = load_checkpoint(folder)
+    """A run folder or checkpoint (its recipe, its weights), or a recipe file (its initial policy, step 0)."""
+    if path.suffix == ".toml":
+        recipe = load_recipe(path)
+        weights, state, folder = None, {"step": 0}, path
+    else:
+        folder = find_checkpoint(path)
+        recipe_file = folder / "recipe.toml"
+        if not recipe_file.exists():
+            raise CheckpointError(f"checkpoint {folder}: missing recipe.toml")
+        recipe = load_recipe(recipe_file)
+        weights, state, _ = load_checkpoint(folder)
     rewards = reward_models(recipe)
     backbone: Backbone = recipe.build("backbone")
     if recipe.lora is not None:
         add_lora(backbone.transformer, recipe.lora)
-    load_weights_into(backbone.transformer, weights, folder)
+    if weights is not None:
+        load_weights_into(backbone.transformer, weights, folder)
     backbone.transformer.eval()
     sampler = recipe.parts["sampler"].config
     sigmas = backbone.schedule_sigmas(recipe.trainer.eval_steps, sampler.shift)

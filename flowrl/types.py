@@ -118,6 +118,9 @@ class Transitions:
     rollout_index: Tensor  # (T,) long: whose advantage trains this transition
     unit_index: Tensor  # (T,) long: index into Plan.units
     weight: Tensor  # (T,) per-transition loss weight (1 unless a method weights steps)
+    # (T,) long, optional: the tree node (Rollout.tree) this transition lands on. When set, the transition is
+    # trained with that node's advantage (Advantages.nodes) instead of a rollout's (tree samplers).
+    node_index: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_index.shape[0])
@@ -135,6 +138,9 @@ class Transitions:
         for part in parts:
             shifted.append(part.input_index + offset)
             offset += part.num_inputs
+        nodes = [p.node_index for p in parts if p.node_index is not None]
+        if nodes and len(nodes) != len(parts):
+            raise ValueError("cannot concatenate transitions with and without node_index")
         return Transitions(
             inputs=torch.cat([p.inputs for p in parts]),
             input_s=torch.cat([p.input_s for p in parts]),
@@ -146,7 +152,29 @@ class Transitions:
             rollout_index=torch.cat([p.rollout_index for p in parts]),
             unit_index=torch.cat([p.unit_index for p in parts]),
             weight=torch.cat([p.weight for p in parts]),
+            node_index=torch.cat(nodes) if nodes else None,
         )
+
+
+@attrs.define
+class Tree:
+    """Rollout trees (BranchGRPO): one tree per prompt, nodes numbered level by level.
+
+    A root is a prompt's initial latent (depth 0, parent -1); every stochastic split makes ``factor`` children
+    of each current node (depth + 1). ``log_prob`` is the old log-density of the edge parent -> node (0 at a
+    root); ``leaf[r]`` is the node rollout ``r`` ends at. Node ids index ``Advantages.nodes`` and
+    ``Transitions.node_index``.
+    """
+
+    parent: Tensor  # (M,) long, -1 for a root
+    depth: Tensor  # (M,) long
+    tree: Tensor  # (M,) long: the tree (prompt row) a node belongs to
+    log_prob: Tensor  # (M,) fp32
+    leaf: Tensor  # (R,) long
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.parent.shape[0])
 
 
 @attrs.define
@@ -166,6 +194,7 @@ class Rollout:
     nfe: int
     rollout_unit: Tensor | None = None  # (R,) long: the unit a rollout explored (branching samplers)
     final_latents: Tensor | None = None  # (R, *latent): clean latents x0 (forward-process losses need them)
+    tree: Tree | None = None  # the node structure of tree samplers (BranchGRPO); None for flat groups
 
     @property
     def num_rollouts(self) -> int:
@@ -189,10 +218,28 @@ class RewardBatch:
 
 @attrs.define
 class Advantages:
-    """One advantage per rollout, plus the per-reward advantages for logging."""
+    """One advantage per rollout, plus the per-reward advantages for logging.
+
+    Tree estimators also give one advantage per node of ``Rollout.tree`` in ``nodes``; transitions that carry
+    a ``node_index`` are trained with ``nodes[node_index]`` (see :func:`transition_advantages`).
+    """
 
     values: Tensor  # (R,)
     per_reward: dict[str, Tensor] = attrs.field(factory=dict)
+    nodes: Tensor | None = None  # (M,) per-node advantages (tree estimators)
+
+
+def transition_advantages(transitions: Transitions, values: Tensor, nodes: Tensor | None = None) -> Tensor:
+    """The advantage that trains each transition: its node's (``nodes[node_index]``) when the transitions
+    index tree nodes, else its rollout's (``values[rollout_index]``)."""
+    if transitions.node_index is None:
+        return values[transitions.rollout_index]
+    if nodes is None:
+        raise ValueError(
+            "the sampler's transitions index tree nodes (Transitions.node_index) but the advantage estimator "
+            "gave no per-node advantages (Advantages.nodes); use a tree estimator such as 'branch_depthwise'"
+        )
+    return nodes[transitions.node_index]
 
 
 @attrs.define

@@ -214,7 +214,7 @@ CASES = [
     ),
     recipe_case(
         "steps-beyond-schedule",
-        "`[selector] type = \"explicit\"`, `units = [[0, 1], [3, 2]]` with `[sampler] num_steps = 4`",
+        '`[selector] type = "explicit"`, `units = [[0, 1], [3, 2]]` with `[sampler] num_steps = 4`',
         lambda d: d["selector"].update(units=[[0, 1], [3, 2]]),
         "[selector.units] unit ends at step 5, beyond the schedule's 4 steps",
         "[selector.units]",
@@ -442,12 +442,14 @@ def validated(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, 
     for case in VALIDATE:
         case.setup(folder, folder)
     out = flowrl(("validate", *(c.command[1] for c in VALIDATE)), folder)
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr
     reports: dict[str, str] = {}
+    current = ""
     for line in (out.stdout + out.stderr).splitlines():
         if line.startswith(("recipe error:", "ok  ")):
             current = line.rsplit(" ", 1)[-1]
             reports[current] = ""
-        reports[current] += line + "\n"
+        reports[current] = reports.get(current, "") + line + "\n"
     return out.returncode, reports
 
 
@@ -473,7 +475,7 @@ def test_bad_input(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -
         assert not (tmp_path / name).exists(), f"{name} was created"
 
 
-@pytest.mark.xfail(reason="Trainer writes run/recipe.toml before it loads the checkpoint (flowrl/trainer/loop.py)")
+@pytest.mark.xfail(strict=True, reason="Trainer writes run/recipe.toml before loading the checkpoint (loop.py)")
 def test_failed_resume_keeps_the_runs_recipe(trained_run: Path, tmp_path: Path) -> None:
     case = next(c for c in CASES if c.id == "resume-wider-model")
     case.setup(tmp_path, trained_run)

@@ -30,6 +30,11 @@ class FluxAdapter(Backbone):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
+        from diffusers.utils import logging as diffusers_logging
+        from transformers.utils import logging as transformers_logging
+
+        diffusers_logging.disable_progress_bar()
+        transformers_logging.disable_progress_bar()
         self.pipe = self.load_pipeline()
         self.pipe.set_progress_bar_config(disable=True)
         for module in (self.pipe.text_encoder, self.pipe.text_encoder_2, self.pipe.vae):
@@ -117,6 +122,15 @@ class FluxAdapter(Backbone):
         )[0]
         self.forward_s += time.perf_counter() - start
         return out.float()  # type: ignore[no-any-return]
+
+    def attention_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> Tensor:
+        """Softmax entropy of image-query attention rows ``(B,)``: one probed forward, counted in ``nfe``.
+
+        ``options`` is an :class:`~flowrl.backbones.flux_attention.AttentionEntropyOptions` (None: defaults).
+        """
+        from flowrl.backbones.flux_attention import velocity_and_entropy
+
+        return velocity_and_entropy(self, x, s, cond, options)[1]
 
     def decode(self, x: Tensor) -> Tensor:
         with torch.no_grad():

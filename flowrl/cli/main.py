@@ -46,14 +46,14 @@ def parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=commands.ls)
 
     e = sub.add_parser("eval", help="score a run or checkpoint on held-out prompts (deterministic ODE sampling)")
-    e.add_argument("path", help="run folder or checkpoint folder")
+    e.add_argument("path", help="run folder, checkpoint folder, or a recipe (its initial, untrained policy)")
     e.add_argument("--prompts", type=int, default=None, help="how many held-out prompts (default: all)")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=commands.evaluate)
 
     sm = sub.add_parser("sample", help="generate a PNG grid with a run's or checkpoint's weights")
-    sm.add_argument("path", help="run folder or checkpoint folder")
+    sm.add_argument("path", help="run folder, checkpoint folder, or a recipe (its initial policy)")
     sm.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     sm.add_argument("--per-prompt", type=int, default=4)
     sm.add_argument("--out", default="samples.png")

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from flowrl.interfaces import AdvantageEstimator
-from flowrl.types import Advantages, RewardBatch, Rollout
+from flowrl.types import Advantages, RewardBatch, Rollout, Tree
 
 
 def gather(accelerator: Any, value: Tensor) -> Tensor:
@@ -39,11 +39,32 @@ def global_advantages(
         rollout_prompt=_global_ids(accelerator, rollout.rollout_prompt, offset),
         rollout_unit=gather(accelerator, rollout.rollout_unit) if rollout.rollout_unit is not None else None,
         images=torch.empty((len(groups), 0)),
+        tree=_global_tree(accelerator, rollout.tree, r) if rollout.tree is not None else None,
     )
     scores = {k: gather(accelerator, v) for k, v in rewards.scores.items()}
     full = estimator(RewardBatch(scores, rewards.weights), view)
     mine = slice(rank * r, (rank + 1) * r)
-    return Advantages(values=full.values[mine], per_reward={k: v[mine] for k, v in full.per_reward.items()})
+    nodes = None
+    if full.nodes is not None and rollout.tree is not None:
+        m = rollout.tree.num_nodes
+        nodes = full.nodes[rank * m : (rank + 1) * m]
+    per_reward = {k: v[mine] for k, v in full.per_reward.items()}
+    return Advantages(values=full.values[mine], per_reward=per_reward, nodes=nodes)
+
+
+def _global_tree(accelerator: Any, tree: Tree, rollouts: int) -> Tree:
+    """Every process's tree nodes, process k's ids shifted past lower processes' (same node count on each)."""
+    m = tree.num_nodes
+    process = torch.arange(accelerator.num_processes)
+    parent = gather(accelerator, tree.parent)
+    parent = torch.where(parent >= 0, parent + process.repeat_interleave(m) * m, parent)
+    return Tree(
+        parent=parent,
+        depth=gather(accelerator, tree.depth),
+        tree=_global_ids(accelerator, tree.tree, process.repeat_interleave(m)),
+        log_prob=gather(accelerator, tree.log_prob),
+        leaf=gather(accelerator, tree.leaf) + process.repeat_interleave(rollouts) * m,
+    )
 
 
 def _global_ids(accelerator: Any, ids: Tensor, offset: Tensor) -> Tensor:

@@ -319,6 +319,7 @@ class Trainer:
             advantages.values,
             self.cfg.train_batch_size,
             self.reference,
+            node_advantages=advantages.nodes,
         )
 
     def _bad_step(self) -> None:

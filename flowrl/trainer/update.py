@@ -10,7 +10,15 @@ import torch
 from torch import Tensor
 
 from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss, TransitionKernel, gaussian_log_prob
-from flowrl.types import Conditioning, ForwardProcessInputs, LossInputs, Rollout, Schedule, Transitions
+from flowrl.types import (
+    Conditioning,
+    ForwardProcessInputs,
+    LossInputs,
+    Rollout,
+    Schedule,
+    Transitions,
+    transition_advantages,
+)
 
 
 def input_chunks(transitions: Transitions, batch_inputs: int) -> Iterator[tuple[Tensor, Tensor]]:
@@ -35,13 +43,17 @@ def transition_losses(
     advantages: Tensor,
     batch_inputs: int,
     reference: Callable[[], AbstractContextManager[None]] | None = None,
+    node_advantages: Tensor | None = None,
 ) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
     """For each micro-batch: (loss, share of all transitions, stats). The caller backpropagates.
 
     One transformer forward per distinct input serves every transition that starts from it.
     ``reference`` is a context manager factory under which the backbone is the reference policy.
+    ``advantages`` has one value per rollout; ``node_advantages`` (tree estimators) one per tree node, used
+    for transitions that carry a ``node_index`` (:func:`flowrl.types.transition_advantages`).
     """
     total = len(transitions)
+    per_transition = transition_advantages(transitions, advantages, node_advantages)
     device = transitions.inputs.device
     for input_ids, t_ids in input_chunks(transitions, batch_inputs):
         if len(t_ids) == 0:
@@ -61,7 +73,7 @@ def transition_losses(
         batch = LossInputs(
             log_prob=gaussian_log_prob(transitions.x_next[t_ids], mean, std),
             old_log_prob=transitions.log_prob[t_ids].to(device),
-            advantages=advantages[transitions.rollout_index[t_ids]].to(device),
+            advantages=per_transition[t_ids].to(device),
             weight=transitions.weight[t_ids].to(device),
             mean=mean,
             std=std,

@@ -1,0 +1,206 @@
+"""Attention-entropy probe for diffusers' FLUX transformer (AEGPO, arXiv 2602.06825).
+
+Fused attention never materialises the softmax, so a probe pass swaps the attention processors of the
+chosen layers for :class:`EntropyProbeProcessor`: it computes the attention output exactly as diffusers'
+``FluxAttnProcessor`` does (same fused kernel, so the output is unchanged) and, on the side, the softmax
+of image-query rows over keys with an explicit, chunked fp32 softmax under ``no_grad``, keeping only
+their entropy ``H = -sum_k p_k log p_k``.
+
+The processor mirrors ``FluxAttnProcessor.__call__`` of diffusers 0.42 and uses two private helpers
+(``_get_qkv_projections``, ``apply_rotary_emb``); ``tests/test_attention_probe.py`` pins them.
+Only :class:`~flowrl.backbones.flux.FluxAdapter` calls into this module; algorithms see
+``Backbone.attention_entropy``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+import torch
+from attrs.validators import ge, gt, in_
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from flowrl.backbones.flux import FluxAdapter
+    from flowrl.types import Conditioning
+
+
+def _layers(value: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+def _non_negative(_: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
+    if any(v < 0 for v in value):
+        raise ValueError(f"'{attribute.name}' indices must be >= 0, got {list(value)}")
+
+
+@attrs.frozen
+class AttentionEntropyOptions:
+    """What the probe measures; usable as a recipe sub-table (``[selector.attention]``)."""
+
+    keys: Literal["all", "text"] = attrs.field(default="all", validator=in_(("all", "text")))  # text: renormalised
+    normalise: bool = False  # divide by log(key count): values in [0, 1]
+    layers: tuple[int, ...] = attrs.field(default=(), converter=_layers, validator=_non_negative)  # () = all
+    query_stride: int = attrs.field(default=1, validator=ge(1))  # every k-th image query row
+    chunk_size: int = attrs.field(default=1024, validator=gt(0))  # query rows per explicit-softmax chunk
+
+
+def softmax_entropy(query: Tensor, key: Tensor, chunk_size: int, normalise: bool) -> Tensor:
+    """Mean softmax entropy of each query row over ``key``, per batch row.
+
+    ``query`` ``(B, Q, H, D)``, ``key`` ``(B, K, H, D)`` (diffusers' layout); scale ``1/sqrt(D)`` as in
+    scaled-dot-product attention. Computed in fp32, ``chunk_size`` query rows at a time; returns ``(B,)``,
+    the mean over query rows and heads (divided by ``log K`` when ``normalise``).
+    """
+    b, q_len, heads, dim = query.shape
+    k = key.float().transpose(1, 2)  # (B, H, K, D)
+    scale = 1.0 / math.sqrt(dim)
+    total = torch.zeros(b, dtype=torch.float32, device=query.device)
+    with torch.no_grad():
+        for start in range(0, q_len, chunk_size):
+            q = query[:, start : start + chunk_size].float().transpose(1, 2)  # (B, H, c, D)
+            logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+            logp = torch.log_softmax(logits, dim=-1)
+            total += -(logp.exp() * logp).sum(-1).sum((1, 2))
+    entropy = total / (q_len * heads)
+    if normalise:
+        n_keys = key.shape[1]
+        entropy = entropy / math.log(n_keys) if n_keys > 1 else torch.zeros_like(entropy)
+    return entropy
+
+
+class EntropyRecorder:
+    """Collects one ``(B,)`` entropy per probed layer during a forward pass."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, Tensor] = {}
+
+    def add(self, layer: int, value: Tensor) -> None:
+        self.values[layer] = value.detach().float()
+
+    def entropy(self) -> Tensor:
+        """Mean over the probed layers, per batch row ``(B,)``."""
+        if not self.values:
+            raise RuntimeError("the attention-entropy probe saw no attention call (was the forward run?)")
+        return torch.stack([self.values[k] for k in sorted(self.values)]).mean(0)
+
+
+class EntropyProbeProcessor(FluxAttnProcessor):
+    """``FluxAttnProcessor`` that also records the softmax entropy of image-query rows.
+
+    ``text_len`` is the number of text tokens at the start of the joint sequence: double-stream blocks
+    see it as ``encoder_hidden_states``; single-stream blocks get one ``[text; image]`` sequence and are
+    told the length here.
+    """
+
+    def __init__(self, recorder: EntropyRecorder, layer: int, text_len: int, options: AttentionEntropyOptions) -> None:
+        super().__init__()
+        self.recorder, self.layer, self.text_len, self.options = recorder, layer, text_len, options
+
+    def __call__(  # noqa: D102
+        self,
+        attn: Any,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        image_rotary_emb: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        query, key, value, encoder_query, encoder_key, encoder_value = _get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states
+        )
+        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
+        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+        if attn.added_kv_proj_dim is not None:
+            encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
+            encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
+            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+        if image_rotary_emb is not None:
+            query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
+            key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+        self._record(query, key, attention_mask)
+        out = dispatch_attention_fn(
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
+        out = out.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is not None:
+            text = encoder_hidden_states.shape[1]
+            encoder_out, out = out.split_with_sizes([text, out.shape[1] - text], dim=1)
+            out = attn.to_out[1](attn.to_out[0](out.contiguous()))
+            return out, attn.to_add_out(encoder_out.contiguous())
+        return out
+
+    def _record(self, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
+        if attention_mask is not None:
+            raise NotImplementedError("the attention-entropy probe does not support attention masks")
+        o, t = self.options, self.text_len
+        image_queries = query[:, t :: o.query_stride]
+        keys = key[:, :t] if o.keys == "text" else key
+        self.recorder.add(self.layer, softmax_entropy(image_queries, keys, o.chunk_size, o.normalise))
+
+
+def attention_modules(transformer: nn.Module) -> list[nn.Module]:
+    """Every attention module in probe order: double-stream blocks, then single-stream blocks."""
+    blocks = [*getattr(transformer, "transformer_blocks", ()), *getattr(transformer, "single_transformer_blocks", ())]
+    if not blocks:
+        raise TypeError(f"{type(transformer).__name__} has no FLUX transformer blocks to probe")
+    return [block.attn for block in blocks]
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The transformer inside a distributed wrapper (``DistributedDataParallel.module``), else itself."""
+    while isinstance(module, nn.parallel.DistributedDataParallel):
+        module = module.module
+    return module
+
+
+@contextmanager
+def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text_len: int) -> Iterator[EntropyRecorder]:
+    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
+    modules = attention_modules(unwrap(transformer))
+    chosen = options.layers or tuple(range(len(modules)))
+    bad = [i for i in chosen if i >= len(modules)]
+    if bad:
+        raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} attention modules")
+    recorder = EntropyRecorder()
+    originals = {i: modules[i].processor for i in chosen}
+    try:
+        for i in chosen:
+            old = originals[i]
+            if not isinstance(old, FluxAttnProcessor) or type(old).__call__ is not FluxAttnProcessor.__call__:
+                raise NotImplementedError(
+                    f"attention layer {i} uses {type(old).__name__}; the probe replaces only FluxAttnProcessor"
+                )
+            probe = EntropyProbeProcessor(recorder, i, text_len, options)
+            probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
+            modules[i].set_processor(probe)
+        yield recorder
+    finally:
+        for i, old in originals.items():
+            modules[i].set_processor(old)
+
+
+def velocity_and_entropy(
+    adapter: FluxAdapter, x: Tensor, s: Tensor, cond: Conditioning, options: AttentionEntropyOptions | None
+) -> tuple[Tensor, Tensor]:
+    """One probed transformer forward (counted in ``adapter.nfe``): the velocity and the entropy ``(B,)``."""
+    options = options or AttentionEntropyOptions()
+    text_len = int(cond.tensors["embeds"].shape[1])
+    with torch.no_grad(), entropy_probe(adapter.module, options, text_len) as recorder:
+        v = adapter.velocity(x, s, cond)
+    return v, recorder.entropy()

@@ -1,0 +1,155 @@
+"""AEGPO's global allocation as a sampler wrapper: more rollouts for prompts whose attention moved most."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+from attrs.validators import ge, gt, in_, optional
+
+from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, build, register, registry
+from flowrl.backbones.flux_attention import AttentionEntropyOptions
+from flowrl.config import ConfigError, structure, unstructure
+from flowrl.registry import RegistryError
+from flowrl.rng import RolloutRNG
+from flowrl_zoo.aegpo.allocation import delta_entropy, group_sizes
+from flowrl_zoo.aegpo.probe import entropy_curves
+from flowrl_zoo.aegpo.selector import PROBE_INFO
+
+
+def host_table(value: Any) -> dict[str, Any]:
+    """Validate the host sampler's table and fill in its defaults: ``{"type": ..., **config}``."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"host: expected a table like {{ type = 'independent', group_size = 8 }}, got {value!r}")
+    spec = dict(value)
+    name = spec.pop("type", None)
+    if not isinstance(name, str):
+        raise ValueError("host: missing 'type' (a sampler name, e.g. 'independent'; flowrl ls sampler)")
+    if name == "aegpo_allocate":
+        raise ValueError("host: aegpo_allocate cannot wrap itself")
+    try:
+        cls: Any = registry("sampler").get(name)
+    except RegistryError as error:
+        raise ValueError(f"host: {error}") from None
+    try:
+        config = structure(cls.Config, spec, "host")
+    except ConfigError as error:
+        raise ValueError("; ".join(f"{path}: {msg}" for path, msg in error.problems)) from None
+    for key in ("group_size", "num_steps", "shift"):
+        if not hasattr(config, key):
+            raise ValueError(f"host: sampler '{name}' has no '{key}'; AEGPO needs a host with a group size")
+    return {"type": name, **unstructure(config)}
+
+
+@register("sampler", "aegpo_allocate")
+class EntropyAllocation(RolloutSampler):
+    """Splits the rollout budget G x prompts by ΔEntropy, then runs a host sampler (AEGPO, arXiv 2602.06825).
+
+    Global adaptive allocation: per prompt, ``ΔEntropy = mean over probe steps of |H_current - H_base| /
+    H_base`` along one ODE trajectory from a fixed per-prompt noise. ``H_base`` (the base policy, under
+    ``backbone.reference_policy()``) is cached per prompt text and saved in checkpoints; ``H_current`` is
+    reused from the ``aegpo_topk`` selector's probe when it measured the same thing, else probed here.
+    The host gets ``plan.group_sizes``; its loss, kernel and estimator are unchanged.
+    """
+
+    needs_reference = True  # the trainer installs a reference policy (LoRA off, or a frozen copy)
+
+    @attrs.frozen
+    class Config:
+        host: dict[str, Any] = attrs.field(factory=lambda: {"type": "independent"}, converter=host_table)
+        allocation: Literal["proportional", "softmax", "tiers"] = attrs.field(
+            default="proportional", validator=in_(("proportional", "softmax", "tiers"))
+        )
+        temperature: float = attrs.field(default=1.0, validator=gt(0))  # softmax over ΔEntropy / its batch mean
+        tiers: int = attrs.field(default=3, validator=ge(1))  # bands of the tiers allocation
+        min_group: int = attrs.field(default=2, validator=ge(2))  # fewest rollouts a prompt gets
+        max_group: int | None = attrs.field(default=None, validator=optional(ge(2)))  # most (None: 2 G)
+        delta_steps: tuple[int, ...] = attrs.field(default=(), converter=tuple)  # steps averaged (): all
+        probe_seed: int = attrs.field(default=0, validator=ge(0))  # the fixed per-prompt probe noise
+        attention: AttentionEntropyOptions = attrs.field(factory=AttentionEntropyOptions)
+
+        def __attrs_post_init__(self) -> None:
+            g = self.group_size
+            if not self.min_group <= g <= self.upper:
+                raise ValueError(
+                    f"need min_group <= host group_size <= max_group, got {self.min_group}, {g}, {self.upper}"
+                )
+            if any(k < 0 or k >= self.num_steps for k in self.delta_steps):
+                raise ValueError(f"delta_steps {list(self.delta_steps)} must lie in 0..{self.num_steps - 1}")
+
+        @property
+        def group_size(self) -> int:
+            """The host's G: the mean rollouts per prompt (the budget is G x prompts)."""
+            return int(self.host["group_size"])
+
+        @property
+        def num_steps(self) -> int:
+            return int(self.host["num_steps"])
+
+        @property
+        def shift(self) -> float:
+            return float(self.host["shift"])
+
+        @property
+        def upper(self) -> int:
+            return self.max_group if self.max_group is not None else 2 * self.group_size
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.host: RolloutSampler = build("sampler", config.host)
+        self.base: dict[str, list[float]] = {}  # H_base per prompt text, at the probe steps
+        self.signature = ""  # what the cached values measured; a change empties the cache
+
+    def rollout(
+        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
+    ) -> Rollout:
+        c = self.config
+        nfe0 = backbone.nfe
+        steps = list(c.delta_steps) or list(range(schedule.num_steps))
+        signature = repr((unstructure(c.attention), c.probe_seed, steps, [round(s, 8) for s in schedule.sigmas]))
+        if signature != self.signature:
+            self.base, self.signature = {}, signature
+        missing = [p for p in dict.fromkeys(prompts) if p not in self.base]
+        if missing:
+            with backbone.reference_policy():
+                rows = entropy_curves(backbone, missing, schedule, c.attention, steps, c.probe_seed)
+            self.base.update({p: [float(v) for v in row] for p, row in zip(missing, rows, strict=True)})
+        current = self._current(backbone, prompts, schedule, steps, plan.info.get(PROBE_INFO))
+        delta = delta_entropy(current, [self.base[p] for p in prompts])
+        sizes = group_sizes(
+            delta, c.group_size * len(prompts), c.min_group, c.upper, c.allocation, c.temperature, c.tiers
+        )
+        info = {k: v for k, v in plan.info.items() if k != PROBE_INFO}
+        info.update({"aegpo/delta_entropy": delta, "aegpo/group_sizes": sizes})
+        rollout = self.host.rollout(
+            backbone, prompts, attrs.evolve(plan, group_sizes=tuple(sizes), info=info), schedule, rng
+        )
+        # Every transformer evaluation of this iteration: probes here, the selector's probe, the host's rollout.
+        rollout.nfe = backbone.nfe - nfe0 + int(plan.info.get("aegpo/probe_nfe", 0))
+        return rollout
+
+    def _current(
+        self, backbone: Backbone, prompts: list[str], schedule: Schedule, steps: list[int], shared: Any
+    ) -> list[list[float]]:
+        """H_current per prompt: the selector's probe of this iteration when it matches, else a new probe."""
+        c = self.config
+        if (
+            isinstance(shared, dict)
+            and shared.get("prompts") == list(prompts)
+            and shared.get("sigmas") == tuple(schedule.sigmas)
+            and shared.get("options") == c.attention
+            and shared.get("seed") == c.probe_seed
+            and set(steps) <= set(shared.get("steps", ()))
+        ):
+            columns = [shared["steps"].index(k) for k in steps]
+            return [[float(v) for v in row] for row in shared["rows"][:, columns]]
+        rows = entropy_curves(backbone, prompts, schedule, c.attention, steps, c.probe_seed)
+        return [[float(v) for v in row] for row in rows]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"signature": self.signature, "base": {p: list(v) for p, v in self.base.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.signature = str(state.get("signature", ""))
+        self.base = {str(p): [float(x) for x in v] for p, v in dict(state.get("base", {})).items()}
