@@ -27,7 +27,7 @@ use the first-order update, as is usual for this solver. Coefficients are formed
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -104,8 +104,3 @@ def coarse_grid(num_steps: int, start: int, steps: int) -> list[int]:
     picks = torch.linspace(start, num_steps, steps + 1, dtype=torch.float64).round().long().tolist()
     return sorted(set(int(i) for i in picks))
 
-
-def grid_values(sigmas: Sequence[float] | Tensor, index: Sequence[int]) -> Tensor:
-    """The float32 noise levels at grid ``index``."""
-    table = sigmas if isinstance(sigmas, Tensor) else torch.tensor(sigmas, dtype=torch.float32)
-    return table.float()[torch.tensor(list(index), dtype=torch.long)]

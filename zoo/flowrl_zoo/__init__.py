@@ -2,3 +2,4 @@
 entry-point group, exactly as a third-party package would plug in; the core never imports it."""
 
 from flowrl_zoo import aegpo, dance_grpo, egrpo, flow_grpo  # noqa: F401
+from flowrl_zoo import branch_grpo  # noqa: F401
