@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import nox
 
@@ -49,3 +50,25 @@ def slow(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Docs are complete and current: every component listed, every zoo method has a README, links resolve."""
     session.run(PY, "scripts/check_docs.py", env=ENV)
+
+
+EXTRAS_TORCH = ("torch==2.14.1", "torchvision==0.29.1")  # the one torch + torchvision pair that works together here
+HPS_RUNTIME = ("ftfy", "regex", "clint", "requests")  # what hpsv2 imports at run time (its own pins are wrong)
+
+
+@nox.session(venv_backend="venv", reuse_venv=True)
+def extras(session: nox.Session) -> None:
+    """Rewards that need the extras (torchvision, hpsv2, rapidocr) in their own venv, .nox/extras: tests/extras.
+
+    torch and torchvision go in first and pinned; flowrl then installs against them (the core's pins less
+    torch); hpsv2 goes in with --no-deps (its metadata would replace torch and pin pytest and protobuf) plus
+    what it really imports, and open-clip-torch (--no-deps) only for the tokenizer vocabulary hpsv2's wheel lacks.
+    """
+    session.install(*EXTRAS_TORCH)
+    pins = Path("scripts/constraints.txt").read_text().splitlines()
+    constraints = Path(session.create_tmp()) / "constraints-extras.txt"
+    constraints.write_text("\n".join(p for p in pins if not p.startswith(("torch==", "nox=="))) + "\n")
+    session.install("-c", str(constraints), *EXTRAS_TORCH, "-e", ".[test,ocr]")
+    session.install("--no-deps", "hpsv2==1.2.0", "open-clip-torch==3.3.0")
+    session.install("-c", str(constraints), *EXTRAS_TORCH, *HPS_RUNTIME)
+    session.run("python", "-m", "pytest", "-q", "tests/extras", *session.posargs, env={**ENV, "FLOWRL_EXTRAS": "1"})

@@ -8,6 +8,8 @@ from flowrl import (  # noqa: F401
     selectors,
 )
 from flowrl.backbones import flux, tiny_flux  # noqa: F401
+from flowrl.backbones import sd3, tiny_sd3  # noqa: F401
 from flowrl.rewards import jpeg  # noqa: F401
+from flowrl.rewards import clip_rewards, hps, ocr  # noqa: F401
 from flowrl.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flowrl.interfaces import Backbone, RewardModel
+from flowrl.interfaces import Backbone, RewardError, RewardModel
 from flowrl.samplers.walk import walk
 from flowrl.types import Plan, Schedule
 
@@ -41,7 +41,12 @@ def evaluate(
     images = ode_images(backbone, prompts, schedule, seed)
     result: dict[str, float] = {}
     for name, _, model in rewards:
-        figures = model.eval_metrics(images, prompts)
+        try:
+            figures = model.eval_metrics(images, prompts)
+        except Exception as error:
+            raise RewardError(
+                f"reward '{name}' ({type(model).__name__}) failed: {type(error).__name__}: {error}"
+            ) from error
         result.update({f"{name}/{key}": value for key, value in figures.items()})
         if len(rewards) == 1:
             result.update(figures)

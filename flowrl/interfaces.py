@@ -170,6 +170,10 @@ class RolloutSampler(Component, ABC):
         return int(getattr(self.config, "group_size", 1))
 
 
+class RewardError(RuntimeError):
+    """A reward model raised or returned the wrong shape; the message names the component."""
+
+
 class RewardModel(Component, ABC):
     """Scores images against prompts, batched. Higher is better."""
 

@@ -3,19 +3,27 @@
 Works in latent space (with the pipeline's VAE) or directly on pixels (``vae=None``: the image is cut
 into ``patch x patch`` tokens, the embedded world's tiny model). Only this file touches the pipeline's
 modules; algorithms see velocities and images.
+
+Precision: with ``dtype`` bfloat16/float16 the frozen transformer weights are stored in that dtype and
+every forward runs under ``torch.autocast`` in it (so fp32 master weights of a full fine-tune, or fp32
+LoRA weights, mix safely with them); velocities come back as fp32, and flowrl's transition kernels and
+log-densities are always fp32. FLUX.1-dev is guidance-distilled: ``guidance`` is its embedded guidance
+value (3.5 in the papers); FLUX.1-schnell has no guidance embedding, and the value is ignored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 import torch
-from attrs.validators import gt, in_
+from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
 from flowrl.interfaces import Backbone
@@ -23,6 +31,28 @@ from flowrl.registry import register
 from flowrl.types import Conditioning
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` in ``dtype`` on ``device`` for a reduced-precision backbone; nothing for float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def load_from_pretrained(pipeline_cls: Any, path: str, dtype: torch.dtype, **kwargs: Any) -> Any:
+    """``pipeline_cls.from_pretrained`` from a local folder (never the hub) or a hub id (the local cache only
+    when ``HF_HUB_OFFLINE=1``), every component in ``dtype``; one clear error when it cannot be found."""
+    local = Path(path).exists()
+    try:
+        return pipeline_cls.from_pretrained(path, local_files_only=local, torch_dtype=dtype, **kwargs)
+    except OSError as error:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+        where = "local folder" if local else "hub id" + (" (HF_HUB_OFFLINE=1: the local cache only)" if offline else "")
+        raise OSError(
+            f"cannot load {pipeline_cls.__name__} from {where} '{path}': {error}. Point the backbone's `path` at a "
+            "folder written by save_pretrained, or download the model into the Hugging Face cache first"
+        ) from error
 
 
 class FluxAdapter(Backbone):
@@ -41,7 +71,7 @@ class FluxAdapter(Backbone):
             if module is not None:
                 module.requires_grad_(False).eval()
         self.dtype = DTYPES[config.dtype]
-        if self.dtype != torch.float32:
+        if self.pipe.transformer.dtype != self.dtype:
             self.pipe.transformer.to(self.dtype)
         self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
         self.device = torch.device("cpu")
@@ -110,16 +140,17 @@ class FluxAdapter(Backbone):
         if self.pipe.transformer.config.guidance_embeds:
             guidance = torch.full((x.shape[0],), self.config.guidance, device=x.device, dtype=torch.float32)
         start = time.perf_counter()
-        out = self.module(
-            hidden_states=x.to(self.dtype),
-            timestep=s.to(self.dtype),
-            guidance=guidance,
-            pooled_projections=cond.tensors["pooled"].to(self.dtype),
-            encoder_hidden_states=cond.tensors["embeds"].to(self.dtype),
-            txt_ids=self._text_ids,
-            img_ids=self._img_ids,
-            return_dict=False,
-        )[0]
+        with autocast(self.device, self.dtype):
+            out = self.module(
+                hidden_states=x.to(self.dtype),
+                timestep=s.to(self.dtype),
+                guidance=guidance,
+                pooled_projections=cond.tensors["pooled"].to(self.dtype),
+                encoder_hidden_states=cond.tensors["embeds"].to(self.dtype),
+                txt_ids=self._text_ids,
+                img_ids=self._img_ids,
+                return_dict=False,
+            )[0]
         self.forward_s += time.perf_counter() - start
         return out.float()  # type: ignore[no-any-return]
 
@@ -174,7 +205,7 @@ class FluxFromPretrained(FluxAdapter):
     class Config:
         path: str = attrs.field(validator=attrs.validators.min_len(1))  # folder of save_pretrained, or hub id
         resolution: int = attrs.field(default=512, validator=gt(0))  # image side in pixels
-        guidance: float = 3.5  # FLUX embedded guidance (ignored when the model has none)
+        guidance: float = attrs.field(default=3.5, validator=ge(0))  # embedded guidance (dev); schnell has none: ignored
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
 
@@ -182,9 +213,8 @@ class FluxFromPretrained(FluxAdapter):
         from diffusers import FluxPipeline
 
         path = self.config.path
-        folder = Path(path)
         kwargs: dict[str, Any] = {}
-        index = folder / "model_index.json"
+        index = Path(path) / "model_index.json"
         if index.exists() and json.loads(index.read_text()).get("vae") in (None, [None, None]):
             kwargs["vae"] = None  # a pixel-space pipeline (diffusers needs vae=None said explicitly)
-        return FluxPipeline.from_pretrained(path, local_files_only=folder.exists(), torch_dtype=torch.float32, **kwargs)
+        return load_from_pretrained(FluxPipeline, path, DTYPES[self.config.dtype], **kwargs)

@@ -154,7 +154,7 @@ class EntropyProbeProcessor(FluxAttnProcessor):
         self.recorder.add(self.layer, softmax_entropy(image_queries, keys, o.chunk_size, o.normalise))
 
 
-def attention_modules(transformer: nn.Module) -> list[nn.Module]:
+def attention_modules(transformer: nn.Module) -> list[Any]:
     """Every attention module in probe order: double-stream blocks, then single-stream blocks."""
     blocks = [*getattr(transformer, "transformer_blocks", ()), *getattr(transformer, "single_transformer_blocks", ())]
     if not blocks:

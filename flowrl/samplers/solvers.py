@@ -73,10 +73,8 @@ def dpm_solver_2m(velocity: Velocity, x: Tensor, sigmas: Tensor) -> Tensor:
         if prev_d is not None and math.isfinite(prev_h) and math.isfinite(h) and t > 0.0:
             half_inv_r = h / (2.0 * prev_h)
             d_eff = d + half_inv_r * (d - prev_d)
-        if t <= 0.0:
-            x = d_eff
-        else:
-            x = (t / s) * x + ((1.0 - t) * -math.expm1(-h)) * d_eff
+        # to s = 0 the step lands on the data prediction (sigma_t = 0, alpha_t = 1, exp(-h) = 0)
+        x = d_eff if t <= 0.0 else (t / s) * x + ((1.0 - t) * -math.expm1(-h)) * d_eff
         prev_d, prev_h = d, h
     return x
 

@@ -2,7 +2,9 @@
 
 Each process samples whole groups for its slice of the prompts. Advantages are computed on the gathered
 global batch (so a global std, or any statistic across groups, is the same as on one process) and each
-process keeps its own slice. Logged scalars are means (NFE: sums) over processes.
+process keeps its own slice. A rollout tree (``Rollout.tree``) is gathered too, its node ids re-based per
+process, and each process keeps its own nodes' advantages (``Advantages.nodes``); every process must hold
+the same number of nodes (the plan is the same everywhere). Logged scalars are means (NFE: sums) over processes.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from flowrl.interfaces import Backbone, RewardModel
+from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
+from flowrl.interfaces import Backbone, RewardError, RewardModel
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
@@ -47,10 +48,6 @@ class NonFiniteError(RuntimeError):
 
 class RunFolderError(ValueError):
     """The output folder already holds a run that a fresh run would overwrite."""
-
-
-class RewardError(RuntimeError):
-    """A reward model raised or returned the wrong shape; names the component."""
 
 
 class Trainer:
@@ -90,9 +87,6 @@ class Trainer:
         self.wall = 0.0
         self.bad_steps = 0
         self.skipped = 0
-        if self.accelerator.is_main_process:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
         if resume is not None:
             self._resume(find_checkpoint(resume))
         elif (self.run_dir / "metrics.jsonl").exists():
@@ -100,6 +94,9 @@ class Trainer:
                 f"run folder {self.run_dir} already holds a run (metrics.jsonl); continue it with --resume "
                 "or choose another --output-dir"
             )
+        if self.accelerator.is_main_process:  # only once nothing can fail that would lose the old recipe
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
         self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, truncate_after=self.step)
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -350,6 +347,8 @@ class Trainer:
             "components": {"selector": self.selector.state_dict(), "sampler": self.sampler.state_dict()},
         }
         path = save_checkpoint(folder, weights, state, extra, self.cfg.keep_checkpoints)
+        if self.recipe.lora is not None:  # also in the diffusers format: pipe.load_lora_weights(path / "lora")
+            export_lora(self.backbone, path / LORA_FOLDER)
         (path / "recipe.toml").write_text(self.recipe.to_toml())
         if self.cfg.image_every:
             self._sample_grid(path)

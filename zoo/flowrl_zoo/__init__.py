@@ -3,3 +3,7 @@ entry-point group, exactly as a third-party package would plug in; the core neve
 
 from flowrl_zoo import aegpo, dance_grpo, egrpo, flow_grpo  # noqa: F401
 from flowrl_zoo import branch_grpo  # noqa: F401
+from flowrl_zoo import diffusion_nft  # noqa: F401
+from flowrl_zoo import flow_grpo_fast  # noqa: F401
+from flowrl_zoo import mix_grpo  # noqa: F401
+from flowrl_zoo import tempflow_grpo  # noqa: F401

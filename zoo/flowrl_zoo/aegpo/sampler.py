@@ -21,25 +21,30 @@ from flowrl_zoo.aegpo.selector import PROBE_INFO
 def host_table(value: Any) -> dict[str, Any]:
     """Validate the host sampler's table and fill in its defaults: ``{"type": ..., **config}``."""
     if not isinstance(value, Mapping):
-        raise ValueError(f"host: expected a table like {{ type = 'independent', group_size = 8 }}, got {value!r}")
+        raise ValueError(f"expected a table like {{ type = 'independent', group_size = 8 }}, got {value!r}")
     spec = dict(value)
     name = spec.pop("type", None)
     if not isinstance(name, str):
-        raise ValueError("host: missing 'type' (a sampler name, e.g. 'independent'; flowrl ls sampler)")
+        raise ValueError("missing 'type' (a sampler name, e.g. 'independent'; flowrl ls sampler)")
     if name == "aegpo_allocate":
-        raise ValueError("host: aegpo_allocate cannot wrap itself")
+        raise ValueError("aegpo_allocate cannot wrap itself")
     try:
         cls: Any = registry("sampler").get(name)
     except RegistryError as error:
-        raise ValueError(f"host: {error}") from None
+        raise ValueError(str(error)) from None
     try:
         config = structure(cls.Config, spec, "host")
     except ConfigError as error:
         raise ValueError("; ".join(f"{path}: {msg}" for path, msg in error.problems)) from None
     for key in ("group_size", "num_steps", "shift"):
         if not hasattr(config, key):
-            raise ValueError(f"host: sampler '{name}' has no '{key}'; AEGPO needs a host with a group size")
+            raise ValueError(f"sampler '{name}' has no '{key}'; AEGPO needs a host with a group size")
     return {"type": name, **unstructure(config)}
+
+
+def check_host(_instance: object, _attribute: object, value: Any) -> None:
+    """The host table as a validator, so that its problems are listed with the recipe's others."""
+    host_table(value)
 
 
 @register("sampler", "aegpo_allocate")
@@ -57,7 +62,9 @@ class EntropyAllocation(RolloutSampler):
 
     @attrs.frozen
     class Config:
-        host: dict[str, Any] = attrs.field(factory=lambda: {"type": "independent"}, converter=host_table)
+        host: dict[str, Any] = attrs.field(
+            factory=lambda: {"type": "independent"}, converter=host_table, validator=check_host
+        )
         allocation: Literal["proportional", "softmax", "tiers"] = attrs.field(
             default="proportional", validator=in_(("proportional", "softmax", "tiers"))
         )

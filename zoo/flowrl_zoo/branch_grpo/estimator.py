@@ -103,7 +103,9 @@ class DepthwiseAdvantage(AdvantageEstimator):
             default="sum_then_normalize",
             validator=attrs.validators.in_(("sum_then_normalize", "normalize_then_sum")),
         )
-        width_prune: str = attrs.field(default="off", validator=attrs.validators.in_(("off", "reward", "abs_advantage")))
+        width_prune: str = attrs.field(
+            default="off", validator=attrs.validators.in_(("off", "reward", "abs_advantage"))
+        )
 
         @clip.validator
         def _clip(self, attribute: attrs.Attribute, value: float | None) -> None:

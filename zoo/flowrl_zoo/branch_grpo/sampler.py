@@ -65,7 +65,9 @@ class BranchTreeSampler(RolloutSampler):
     ) -> Rollout:
         c = self.config
         if plan.group_sizes is not None:
-            raise ValueError("branch_tree: the tree fixes the rollouts per prompt; plans with group_sizes are not supported")
+            raise ValueError(
+                "branch_tree: the tree fixes the rollouts per prompt; plans with group_sizes are not supported"
+            )
         if self.leaves_per_prompt(plan) > c.max_leaves:
             raise ValueError(
                 f"branch_tree: {len(plan.units)} splits x factor {c.factor} give {self.leaves_per_prompt(plan)} leaves"
@@ -123,7 +125,11 @@ class BranchTreeSampler(RolloutSampler):
             x, row_prompt, row_node = out.next, child_prompt, child_node
             step = end
         nodes = Tree(
-            parent=torch.cat(parent), depth=torch.cat(depth), tree=torch.cat(tree), log_prob=torch.cat(log_prob), leaf=row_node
+            parent=torch.cat(parent),
+            depth=torch.cat(depth),
+            tree=torch.cat(tree),
+            log_prob=torch.cat(log_prob),
+            leaf=row_node,
         )
         first_leaf = _first_leaf(nodes)
         for part in parts:

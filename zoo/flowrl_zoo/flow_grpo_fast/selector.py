@@ -23,9 +23,10 @@ def _range_ordered(instance: object, _attr: object, value: float) -> None:
 
 @register("selector", "flow_grpo_fast_window")
 class FlowGRPOFastWindow(TimestepSelector):
-    """A random window of ``min_size..max_size`` consecutive SDE steps inside steps ``[floor(range_start N),
-    ceil(range_end N))``, all trained; every other step is ODE (Flow-GRPO-Fast, arXiv 2505.05470).
+    """A random window of 2-3 SDE steps in the first half, all trained; ODE elsewhere (Flow-GRPO-Fast, 2505.05470).
 
+    The window has ``min_size..max_size`` consecutive steps inside steps ``[floor(range_start N),
+    ceil(range_end N))``; every other step is ODE.
     At each iteration the size is drawn uniformly from ``min_size..max_size`` and then the start uniformly
     among the positions where the window fits in the range, both from the plan generator.
     """

@@ -24,8 +24,10 @@ def window_end(plan: Plan) -> int:
 
 @register("sampler", "mix_grpo_flash")
 class MixGRPOFlashSampler(IndependentSampler):
-    """G independent trajectories per prompt; after the last SDE unit the ODE is solved on a coarser grid
-    (``tail_steps`` intervals) with ``tail_solver`` (DPM-Solver++ 2M: MixGRPO-Flash, arXiv 2507.21802, Sec. 3.3).
+    """Independent rollouts; after the SDE window a coarser DPM-Solver++ 2M ODE tail (MixGRPO-Flash, 2507.21802).
+
+    G independent trajectories per prompt; after the last SDE unit the ODE is solved on a coarser grid
+    (``tail_steps`` intervals) with ``tail_solver``.
 
     Steps before and inside the window follow the full grid (Euler ODE and the kernel's SDE). The tail
     grid is every ``k``-th point of the sampler's own grid from the window end to ``s = 0`` (see

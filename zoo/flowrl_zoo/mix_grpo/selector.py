@@ -113,4 +113,5 @@ class MixGRPOWindow(TimestepSelector):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
-            self.iteration, self.position, self.held = int(state["iteration"]), int(state["position"]), int(state["held"])
+            self.iteration, self.position = int(state["iteration"]), int(state["position"])
+            self.held = int(state["held"])

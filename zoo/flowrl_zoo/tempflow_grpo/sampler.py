@@ -20,8 +20,9 @@ def step_std(schedule: Schedule, steps: list[int]) -> torch.Tensor:
 
 @register("sampler", "tempflow_branch")
 class TempFlowBranchSampler(AnchorBranchSampler):
-    """TempFlow-GRPO branching (arXiv 2508.04324): an ODE main path per prompt; at each trained step t, G
-    stochastic one-step branches from the same x_t, each finished by ODE; noise-aware step weights.
+    """Per-step branching from an ODE main path with noise-aware step weights (TempFlow-GRPO, arXiv 2508.04324).
+
+    At each trained step t, G stochastic one-step branches leave the same x_t, each finished by ODE.
 
     Sampling is :class:`AnchorBranchSampler` with units of merge 1 (groups are (prompt, step) pairs). With
     ``noise_weighting`` every transition of step t gets the loss weight ``w_t = c std_t``; ``c =

@@ -20,8 +20,10 @@ def _check_steps(_instance: object, _attr: object, value: tuple[int, ...]) -> No
 
 @register("selector", "tempflow_steps")
 class TempFlowSteps(TimestepSelector):
-    """The steps at which TempFlow-GRPO branches (arXiv 2508.04324, Sec. 3): each is one SDE unit of merge 1,
-    all trained. ``steps`` lists them explicitly; otherwise steps ``offset, offset + every, ...`` below
+    """TempFlow-GRPO's branch steps: an explicit list or every k-th step, each a trained unit (arXiv 2508.04324).
+
+    Each step is one SDE unit of merge 1, all trained. ``steps`` lists them explicitly; otherwise steps
+    ``offset, offset + every, ...`` below
     ``N - 1`` (``N`` included with ``include_last``: a stochastic final step leaves noise in the image).
     """
 

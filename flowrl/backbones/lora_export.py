@@ -1,0 +1,56 @@
+"""LoRA weights in the diffusers format, loadable with ``pipeline.load_lora_weights(folder)``.
+
+The trainer attaches LoRA with peft (``transformer.add_adapter``, :mod:`flowrl.trainer.lora`). Export takes
+peft's state dict of the adapter (``get_peft_model_state_dict``) and writes it with the pipeline class's
+``save_lora_weights`` classmethod (``FluxPipeline``, ``StableDiffusion3Pipeline``, ...), together with the
+adapter's peft config as metadata, so the loader restores ``lora_alpha`` (the scale ``alpha / rank``)
+and not just the rank. The result is ``<folder>/pytorch_lora_weights.safetensors``::
+
+    pipe = FluxPipeline.from_pretrained(base_folder_or_hub_id)
+    pipe.load_lora_weights("runs/x/checkpoints/step_000100/lora")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+LORA_FOLDER = "lora"  # next to each checkpoint's weights
+ADAPTER = "default"  # the adapter name peft gives ``add_adapter`` without one
+
+
+def has_lora(transformer: nn.Module) -> bool:
+    """The transformer carries a peft adapter."""
+    return bool(getattr(transformer, "peft_config", None))
+
+
+def lora_state_dict(transformer: nn.Module, adapter: str = ADAPTER) -> dict[str, Any]:
+    """The adapter's LoRA tensors under diffusers-style module keys (``...to_q.lora_A.weight``), on CPU."""
+    from peft.utils import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(transformer, adapter_name=adapter)
+    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+
+
+def export_lora(backbone: Any, folder: str | Path, adapter: str = ADAPTER) -> Path | None:
+    """Write the backbone's transformer LoRA into ``folder`` in the diffusers format; returns ``folder``.
+
+    Returns None (and writes nothing) when the backbone has no diffusers pipeline with ``save_lora_weights``
+    or its transformer has no LoRA adapter.
+    """
+    pipe = getattr(backbone, "pipe", None)
+    transformer = getattr(backbone, "transformer", None)
+    if pipe is None or transformer is None or not hasattr(type(pipe), "save_lora_weights") or not has_lora(transformer):
+        return None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    metadata = transformer.peft_config[adapter].to_dict()
+    type(pipe).save_lora_weights(
+        folder,
+        transformer_lora_layers=lora_state_dict(transformer, adapter),
+        transformer_lora_adapter_metadata=metadata,
+        safe_serialization=True,
+    )
+    return folder

@@ -1,0 +1,189 @@
+"""The SD3 adapter: a diffusers ``StableDiffusion3Pipeline`` (SD3, SD3.5) behind flowrl's :class:`Backbone`.
+
+Latents are the pipeline's own ``(C, H/8, W/8)`` maps (no packing). Classifier-free guidance follows the
+pipeline, ``v = v_uncond + scale (v_cond - v_uncond)``, with the unconditional branch frozen: the negative
+prompt is encoded once, and its forward runs without gradient (the policy gradient flows through the
+conditional branch only; in a no-grad rollout both branches share one batched forward, as in diffusers).
+
+NFE convention: ``nfe`` counts transformer rows, so a guided step costs **2** per latent (conditional and
+unconditional rows) and an unguided one (``guidance_scale = 1``) costs 1.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import attrs
+import torch
+from attrs.validators import ge, gt, in_
+from torch import Tensor, nn
+
+from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained
+from flowrl.interfaces import Backbone
+from flowrl.registry import register
+from flowrl.types import Conditioning
+
+GRIDS = ("uniform", "diffusers")
+
+
+class SD3Adapter(Backbone):
+    """Shared SD3 plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`).
+
+    The config must provide ``resolution``, ``guidance_scale``, ``negative_prompt``,
+    ``max_sequence_length``, ``grid`` and ``dtype``.
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        from diffusers.utils import logging as diffusers_logging
+        from transformers.utils import logging as transformers_logging
+
+        diffusers_logging.disable_progress_bar()
+        transformers_logging.disable_progress_bar()
+        self.pipe = self.load_pipeline()
+        self.pipe.set_progress_bar_config(disable=True)
+        for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
+            module = getattr(self.pipe, name, None)
+            if module is not None:
+                module.requires_grad_(False).eval()
+        self.dtype = DTYPES[config.dtype]
+        if self.pipe.transformer.dtype != self.dtype:
+            self.pipe.transformer.to(self.dtype)
+        self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
+        self.device = torch.device("cpu")
+        self.nfe = 0
+        self.forward_s = 0.0
+        self._cache: dict[str, tuple[Tensor, Tensor]] = {}
+        self._uncond: tuple[Tensor, Tensor] | None = None
+        factor = self.pipe.vae_scale_factor * self.pipe.transformer.config.patch_size
+        if config.resolution % factor:
+            raise ValueError(f"resolution {config.resolution} must be a multiple of {factor} for this SD3 model")
+
+    def load_pipeline(self) -> Any:
+        raise NotImplementedError
+
+    # -- geometry --------------------------------------------------------------------------------
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        side = self.config.resolution // self.pipe.vae_scale_factor
+        return (self.pipe.transformer.config.in_channels, side, side)
+
+    @property
+    def guided(self) -> bool:
+        """Classifier-free guidance is on (``guidance_scale > 1``, as in diffusers)."""
+        return float(self.config.guidance_scale) > 1.0
+
+    def schedule_sigmas(self, num_steps: int, shift: float) -> tuple[float, ...]:
+        """``grid = "uniform"``: flowrl's shifted grid (as FluxPipeline); ``"diffusers"``: the grid that
+        ``StableDiffusion3Pipeline`` uses by default (``FlowMatchEulerDiscreteScheduler.set_timesteps(N)``,
+        whose last non-zero level is far smaller), as in Flow-GRPO's SD3 code."""
+        if self.config.grid == "uniform":
+            return super().schedule_sigmas(num_steps, shift)
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        steps = int(self.pipe.scheduler.config.get("num_train_timesteps", 1000))
+        scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=steps, shift=shift)
+        scheduler.set_timesteps(num_steps)
+        return tuple(float(s) for s in scheduler.sigmas)
+
+    # -- Backbone interface --------------------------------------------------------------------------
+    @property
+    def transformer(self) -> nn.Module:
+        return self.pipe.transformer  # type: ignore[no-any-return]
+
+    def to(self, device: torch.device) -> SD3Adapter:
+        self.device = torch.device(device)
+        self.pipe.to(self.device)
+        self._cache.clear()
+        self._uncond = None
+        return self
+
+    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+        with torch.no_grad():
+            embeds, _, pooled, _ = self.pipe.encode_prompt(
+                prompt=prompts,
+                prompt_2=None,
+                prompt_3=None,
+                device=self.device,
+                do_classifier_free_guidance=False,
+                max_sequence_length=self.config.max_sequence_length,
+            )
+        return embeds.float(), pooled.float()
+
+    def encode(self, prompts: list[str]) -> Conditioning:
+        missing = sorted({p for p in prompts if p not in self._cache})
+        if missing:
+            embeds, pooled = self._encode(missing)
+            for i, prompt in enumerate(missing):
+                self._cache[prompt] = (embeds[i], pooled[i])
+        rows = [self._cache[p] for p in prompts]
+        return Conditioning({"embeds": torch.stack([r[0] for r in rows]), "pooled": torch.stack([r[1] for r in rows])})
+
+    def unconditional(self) -> tuple[Tensor, Tensor]:
+        """The negative prompt's ``(embeds, pooled)`` (one row each), encoded once."""
+        if self._uncond is None:
+            embeds, pooled = self._encode([self.config.negative_prompt])
+            self._uncond = (embeds[0], pooled[0])
+        return self._uncond
+
+    def _forward(self, x: Tensor, t: Tensor, embeds: Tensor, pooled: Tensor) -> Tensor:
+        start = time.perf_counter()
+        with autocast(self.device, self.dtype):
+            out = self.module(
+                hidden_states=x.to(self.dtype),
+                timestep=t,  # fp32, in [0, 1000] as the pipeline passes it
+                encoder_hidden_states=embeds.to(self.dtype),
+                pooled_projections=pooled.to(self.dtype),
+                return_dict=False,
+            )[0]
+        self.forward_s += time.perf_counter() - start
+        return out.float()  # type: ignore[no-any-return]
+
+    def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
+        n = int(x.shape[0])
+        embeds, pooled = cond.tensors["embeds"], cond.tensors["pooled"]
+        t = s.float() * float(self.pipe.scheduler.config.get("num_train_timesteps", 1000))
+        if not self.guided:
+            self.nfe += n
+            return self._forward(x, t, embeds, pooled)
+        self.nfe += 2 * n  # two transformer rows per latent
+        u_embeds, u_pooled = (u.unsqueeze(0).expand(n, *u.shape) for u in self.unconditional())
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                v_uncond = self._forward(x, t, u_embeds, u_pooled)
+            v_cond = self._forward(x, t, embeds, pooled)
+        else:  # one batched forward [uncond; cond], the pipeline's layout
+            both = self._forward(
+                torch.cat([x, x]), torch.cat([t, t]), torch.cat([u_embeds, embeds]), torch.cat([u_pooled, pooled])
+            )
+            v_uncond, v_cond = both.chunk(2)
+        return v_uncond + float(self.config.guidance_scale) * (v_cond - v_uncond)
+
+    def decode(self, x: Tensor) -> Tensor:
+        vae = self.pipe.vae
+        with torch.no_grad():
+            latents = x.float() / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
+            image = vae.decode(latents.to(vae.dtype), return_dict=False)[0].float()
+        return ((image + 1) / 2).clamp(0, 1)
+
+
+@register("backbone", "sd3")
+class SD3FromPretrained(SD3Adapter):
+    """Stable Diffusion 3 / 3.5 (or any saved StableDiffusion3Pipeline) from a local folder or a hub id (offline respected)."""
+
+    @attrs.frozen
+    class Config:
+        path: str = attrs.field(validator=attrs.validators.min_len(1))  # folder of save_pretrained, or hub id
+        resolution: int = attrs.field(default=512, validator=gt(0))  # image side in pixels
+        guidance_scale: float = attrs.field(default=4.5, validator=ge(1.0))  # CFG scale (Flow-GRPO: 4.5); 1 disables
+        negative_prompt: str = ""  # the unconditional branch's prompt (encoded once)
+        max_sequence_length: int = attrs.field(default=256, validator=gt(0))  # T5 tokens
+        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))
+        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
+
+    def load_pipeline(self) -> Any:
+        from diffusers import StableDiffusion3Pipeline
+
+        return load_from_pretrained(StableDiffusion3Pipeline, self.config.path, DTYPES[self.config.dtype])
+

@@ -1,0 +1,225 @@
+"""A tiny random-weight Stable Diffusion 3 pipeline built locally (no hub, no download), and ``tiny_sd3``.
+
+:func:`tiny_sd3_pipeline` assembles a complete ``diffusers.StableDiffusion3Pipeline`` from small configs:
+an ``SD3Transformer2DModel`` (SD3.5 layout: RMS q/k norm, dual attention in the first block), two
+``CLIPTextModelWithProjection`` (the CLIP-L and CLIP-G slots), a ``T5EncoderModel``, a tiny
+``AutoencoderKL`` and three word-level tokenizers from :func:`flowrl.backbones.tokenizer.build_word_tokenizer`.
+Everything is float32 and builds in milliseconds; it saves with ``save_pretrained`` and loads with
+``StableDiffusion3Pipeline.from_pretrained(folder, local_files_only=True)`` (the ``sd3`` backbone with
+``path = folder``).
+
+Shapes follow SD3: the prompt embedding is ``[pad(CLIP-L || CLIP-G hidden states) ; T5 states]`` along
+the sequence, so the two CLIP widths must sum to at most the T5 width (``joint_attention_dim``); the pooled
+vector is ``CLIP-L proj || CLIP-G proj`` (``pooled_projection_dim`` = the sum of the two widths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import torch
+from attrs.validators import ge, gt, in_
+
+from flowrl.backbones.sd3 import DTYPES, GRIDS, SD3Adapter
+from flowrl.backbones.tokenizer import BOS_ID, DEFAULT_WORDS, EOS_ID, PAD_ID, build_word_tokenizer
+from flowrl.registry import register
+
+_SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "text_encoder_3": 3, "vae": 4}
+
+
+@attrs.frozen
+class TinySD3Spec:
+    """Sizes of a tiny SD3 pipeline (latent space; the VAE halves the image ``len(vae_block_out_channels) - 1``
+    times and the transformer cuts the latent into ``2 x 2`` patches)."""
+
+    image_size: int = attrs.field(default=32, validator=gt(0))
+    num_layers: int = attrs.field(default=2, validator=gt(0))
+    attention_head_dim: int = attrs.field(default=8, validator=gt(0))
+    num_attention_heads: int = attrs.field(default=4, validator=gt(0))
+    clip_widths: tuple[int, int] = attrs.field(default=(16, 16), converter=tuple)  # CLIP-L, CLIP-G slots
+    joint_attention_dim: int = attrs.field(default=32, validator=gt(0))  # T5 width
+    text_hidden: int = attrs.field(default=32, validator=gt(0))  # feed-forward width of the text encoders
+    text_layers: int = attrs.field(default=2, validator=gt(0))
+    text_heads: int = attrs.field(default=2, validator=gt(0))
+    max_length: int = attrs.field(default=16, validator=gt(2))  # tokens per prompt (every tokenizer)
+    latent_channels: int = attrs.field(default=4, validator=gt(0))
+    vae_block_out_channels: tuple[int, ...] = attrs.field(default=(8, 16), converter=tuple)
+    pos_embed_max_size: int = attrs.field(default=16, validator=gt(0))  # latent side / 2 must not exceed it
+    dual_attention_layers: tuple[int, ...] = attrs.field(default=(0,), converter=tuple)
+    qk_norm: str | None = "rms_norm"
+    shift: float = 3.0
+
+    def __attrs_post_init__(self) -> None:
+        if sum(self.clip_widths) > self.joint_attention_dim:
+            raise ValueError(f"clip_widths {self.clip_widths} must sum to at most joint_attention_dim")
+        if any(w % self.text_heads for w in (*self.clip_widths, self.joint_attention_dim)):
+            raise ValueError(f"text widths must be divisible by text_heads={self.text_heads}")
+        factor = self.vae_scale_factor * 2
+        if self.image_size % factor or self.image_size // factor > self.pos_embed_max_size:
+            raise ValueError(
+                f"image_size {self.image_size} must be a multiple of {factor} and at most "
+                f"{factor * self.pos_embed_max_size} (pos_embed_max_size)"
+            )
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 2 ** (len(self.vae_block_out_channels) - 1)
+
+
+def _clip(width: int, spec: TinySD3Spec, vocab_size: int) -> Any:
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=width,
+        intermediate_size=spec.text_hidden,
+        projection_dim=width,
+        num_hidden_layers=spec.text_layers,
+        num_attention_heads=spec.text_heads,
+        max_position_embeddings=spec.max_length,
+        hidden_act="quick_gelu",
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+    )
+    return CLIPTextModelWithProjection(config)
+
+
+def _t5(spec: TinySD3Spec, vocab_size: int) -> Any:
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(
+        vocab_size=vocab_size,
+        d_model=spec.joint_attention_dim,
+        d_kv=spec.joint_attention_dim // spec.text_heads,
+        d_ff=spec.text_hidden,
+        num_layers=spec.text_layers,
+        num_heads=spec.text_heads,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=spec.max_length,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        decoder_start_token_id=PAD_ID,
+        tie_word_embeddings=False,
+    )
+    return T5EncoderModel(config)
+
+
+def _transformer(spec: TinySD3Spec) -> Any:
+    from diffusers import SD3Transformer2DModel
+
+    inner = spec.attention_head_dim * spec.num_attention_heads
+    return SD3Transformer2DModel(
+        sample_size=spec.image_size // spec.vae_scale_factor,
+        patch_size=2,
+        in_channels=spec.latent_channels,
+        num_layers=spec.num_layers,
+        attention_head_dim=spec.attention_head_dim,
+        num_attention_heads=spec.num_attention_heads,
+        joint_attention_dim=spec.joint_attention_dim,
+        caption_projection_dim=inner,
+        pooled_projection_dim=sum(spec.clip_widths),
+        out_channels=spec.latent_channels,
+        pos_embed_max_size=spec.pos_embed_max_size,
+        dual_attention_layers=spec.dual_attention_layers,
+        qk_norm=spec.qk_norm,
+    )
+
+
+def _vae(spec: TinySD3Spec) -> Any:
+    from diffusers import AutoencoderKL
+
+    n = len(spec.vae_block_out_channels)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=spec.vae_block_out_channels,
+        layers_per_block=1,
+        latent_channels=spec.latent_channels,
+        norm_num_groups=min(4, *spec.vae_block_out_channels),
+        sample_size=spec.image_size,
+        scaling_factor=1.5305,  # SD3's values, so that decode's unscaling is exercised
+        shift_factor=0.0609,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
+
+
+def tiny_sd3_pipeline(spec: TinySD3Spec, words: Sequence[str] | None = None, seed: int = 0) -> Any:
+    """A randomly initialised float32 ``StableDiffusion3Pipeline``; deterministic given ``seed``.
+
+    All three tokenizers are the same word-level tokenizer with ``model_max_length = spec.max_length``
+    (the pipeline's CLIP length); call it with ``max_sequence_length <= spec.max_length``.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    words = DEFAULT_WORDS if words is None else words
+    tokenizers = [build_word_tokenizer(words, spec.max_length) for _ in range(3)]
+    vocab = len(tokenizers[0])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        modules: dict[str, Any] = {}
+        builders = {
+            "transformer": lambda: _transformer(spec),
+            "text_encoder": lambda: _clip(spec.clip_widths[0], spec, vocab),
+            "text_encoder_2": lambda: _clip(spec.clip_widths[1], spec, vocab),
+            "text_encoder_3": lambda: _t5(spec, vocab),
+            "vae": lambda: _vae(spec),
+        }
+        for name, build in builders.items():
+            torch.manual_seed(seed * 1000 + _SEED_OFFSETS[name])
+            modules[name] = build().eval()
+    finally:
+        torch.set_default_dtype(previous)
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=spec.shift),
+        tokenizer=tokenizers[0],
+        tokenizer_2=tokenizers[1],
+        tokenizer_3=tokenizers[2],
+        **modules,
+    )
+
+
+def save_tiny_sd3(spec: TinySD3Spec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0) -> Path:
+    """Build :func:`tiny_sd3_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tiny_sd3_pipeline(spec, words=words, seed=seed).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@register("backbone", "tiny_sd3")
+class TinySD3(SD3Adapter):
+    """A tiny random-weight StableDiffusion3Pipeline (real diffusers classes, built locally, no download)."""
+
+    @attrs.frozen
+    class Config:
+        seed: int = attrs.field(default=0, validator=ge(0))  # weight initialisation seed
+        resolution: int = attrs.field(default=32, validator=gt(0))  # image side in pixels (multiple of 4)
+        num_layers: int = attrs.field(default=2, validator=gt(0))  # joint transformer blocks
+        attention_head_dim: int = attrs.field(default=8, validator=gt(0))
+        num_attention_heads: int = attrs.field(default=4, validator=gt(0))
+        max_sequence_length: int = attrs.field(default=16, validator=gt(2))  # prompt tokens (CLIP and T5)
+        guidance_scale: float = attrs.field(default=4.5, validator=ge(1.0))  # CFG scale; 1 disables CFG
+        negative_prompt: str = ""  # the unconditional branch's prompt (encoded once)
+        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))
+        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+
+    def load_pipeline(self) -> Any:
+        c = self.config
+        spec = TinySD3Spec(
+            image_size=c.resolution,
+            num_layers=c.num_layers,
+            attention_head_dim=c.attention_head_dim,
+            num_attention_heads=c.num_attention_heads,
+            max_length=c.max_sequence_length,
+        )
+        return tiny_sd3_pipeline(spec, seed=c.seed)

@@ -1,0 +1,159 @@
+"""DiffusionNFT: the optimality weight, the implicit-policy loss and its gradient direction, the KL term,
+and training through the shared loop's forward-process phase."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, tiny_recipe
+from flowrl_zoo.diffusion_nft import DiffusionNFTLoss, adaptive_x0_loss, optimality
+
+import flowrl
+from flowrl import load_recipe
+from flowrl.recipe import recipe_from_dict
+from flowrl.trainer import Trainer
+from flowrl.types import ForwardProcessInputs, Schedule
+
+
+def nft(**config: object) -> DiffusionNFTLoss:
+    return flowrl.build("loss", {"type": "diffusion_nft", **config})
+
+
+def toy(advantage: float, n: int = 4, seed: int = 0) -> tuple[ForwardProcessInputs, torch.Tensor]:
+    """Re-noised samples x0 and a velocity field whose x0_hat misses x0; returns the batch and v_old."""
+    g = torch.Generator().manual_seed(seed)
+    x0 = torch.randn(n, 3, 4, 4, generator=g)
+    t = torch.rand(n, generator=g) * 0.8 + 0.1
+    x_t = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * torch.randn(n, 3, 4, 4, generator=g)
+    v_old = torch.randn(n, 3, 4, 4, generator=g)
+    batch = ForwardProcessInputs(
+        x0=x0, x_t=x_t, t=t, v=v_old.clone().requires_grad_(True), v_old=v_old, advantages=torch.full((n,), advantage)
+    )
+    return batch, v_old
+
+
+def with_v(batch: ForwardProcessInputs, v: torch.Tensor) -> ForwardProcessInputs:
+    return ForwardProcessInputs(batch.x0, batch.x_t, batch.t, v, batch.v_old, batch.advantages, batch.v_ref)
+
+
+def test_optimality_weight_is_in_unit_interval() -> None:
+    a = torch.tensor([-100.0, -5.0, -2.5, 0.0, 2.5, 5.0, 100.0])
+    r = optimality(a, 5.0)
+    assert torch.equal(r, torch.tensor([0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0]))
+    assert bool(((optimality(torch.randn(1000) * 10, 2.0) >= 0) & (optimality(torch.randn(1000) * 10, 2.0) <= 1)).all())
+
+
+def test_loss_matches_the_formula() -> None:
+    batch, v_old = toy(1.5)
+    v = v_old + 0.1 * torch.randn(v_old.shape, generator=torch.Generator().manual_seed(1))
+    beta, c = 0.4, 5.0
+    loss, stats = nft(beta=beta, adv_clip=c).forward_process(with_v(batch, v))
+    t = batch.t[:, None, None, None]
+    x_pos = batch.x_t - t * (beta * v + (1 - beta) * v_old)
+    x_neg = batch.x_t - t * ((1 + beta) * v_old - beta * v)
+
+    def term(x: torch.Tensor) -> torch.Tensor:
+        err = (x - batch.x0).flatten(1)
+        return err.square().mean(1) / err.abs().mean(1).clamp(min=1e-5)
+
+    r = 1.5 / (2 * c) + 0.5
+    expected = c * (r * term(x_pos) / beta + (1 - r) * term(x_neg) / beta).mean()
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5)
+    assert stats["nft/r_mean"] == pytest.approx(r)
+    unscaled, _ = nft(beta=beta, adv_clip=c, scale_by_clip=False).forward_process(with_v(batch, v))
+    assert float(unscaled.detach()) == pytest.approx(float(expected) / c, rel=1e-5)
+
+
+@pytest.mark.parametrize("advantage", [3.0, -3.0])
+def test_gradient_raises_the_likelihood_of_good_samples(advantage: float) -> None:
+    """Moving x0_hat = x_t - t v toward x0 lowers the loss for a positive advantage and raises it for a negative
+    one; a gradient step on v moves x0_hat toward (A > 0) or away from (A < 0) the sample."""
+    batch, v_old = toy(advantage)
+    t = batch.t[:, None, None, None]
+    x0_hat = batch.x_t - t * v_old
+    toward = v_old - 0.1 * (batch.x0 - x0_hat) / t  # x0_hat' = x0_hat + 0.1 (x0 - x0_hat)
+    loss = nft(beta=0.5).forward_process(batch)[0]
+    moved = nft(beta=0.5).forward_process(with_v(batch, toward))[0]
+    assert (float(moved.detach()) < float(loss.detach())) == (advantage > 0)
+    (grad,) = torch.autograd.grad(loss, batch.v)
+    stepped = batch.x_t - t * (v_old - 1e-2 * grad)
+    before, after = (x0_hat - batch.x0).norm(), (stepped - batch.x0).norm()
+    assert (float(after) < float(before)) == (advantage > 0)
+
+
+def test_zero_advantages_are_finite_and_give_no_gradient() -> None:
+    batch, _ = toy(0.0)
+    loss, stats = nft().forward_process(batch)
+    (grad,) = torch.autograd.grad(loss, batch.v)
+    assert math.isfinite(float(loss.detach())) and all(math.isfinite(v) for v in stats.values())
+    assert float(grad.abs().max()) < 1e-6
+    exact = ForwardProcessInputs(  # x0_hat == x0 exactly: the adaptive weight's floor keeps it finite
+        batch.x0, batch.x0, batch.t, torch.zeros_like(batch.x0, requires_grad=True), torch.zeros_like(batch.x0),
+        torch.ones(4),
+    )
+    loss = nft().forward_process(exact)[0]
+    assert float(loss.detach()) == 0.0 and torch.isfinite(torch.autograd.grad(loss, exact.v)[0]).all()
+    assert float(adaptive_x0_loss(batch.x0, batch.x0).sum()) == 0.0
+
+
+def test_kl_term_and_reference_need() -> None:
+    assert not nft().needs_reference and nft(kl_beta=0.1).needs_reference
+    batch, v_old = toy(1.0)
+    v_ref = v_old + 0.5
+    base = nft().forward_process(batch)[0]
+    with_ref = ForwardProcessInputs(batch.x0, batch.x_t, batch.t, batch.v, batch.v_old, batch.advantages, v_ref)
+    loss, stats = nft(kl_beta=0.1).forward_process(with_ref)
+    assert float(loss.detach()) == pytest.approx(float(base.detach()) + 0.1 * 0.25, rel=1e-5)
+    assert stats["kl"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="v_ref"):
+        nft(kl_beta=0.1).forward_process(batch)
+
+
+def nft_recipe(**trainer: object) -> dict:
+    data = tiny_recipe(**trainer)
+    data["selector"] = {"type": "nft_rollouts"}
+    data["loss"] = {"type": "diffusion_nft", "beta": 0.5, "kl_beta": 0.01}
+    return data
+
+
+def test_rollouts_record_no_transitions() -> None:
+    schedule = Schedule((1.0, 0.6, 0.3, 0.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
+    for stochastic in (False, True):
+        plan = flowrl.build("selector", {"type": "nft_rollouts", "stochastic": stochastic}).plan(
+            schedule, 0, torch.Generator()
+        )
+        assert plan.trained == () and len(plan.units) == (3 if stochastic else 0)
+
+
+def test_two_iterations_through_the_shared_trainer(tmp_path: Path) -> None:
+    recipe = recipe_from_dict(nft_recipe(max_steps=2))
+    trainer = Trainer(recipe, tmp_path / "run", quiet=True)
+    initial = {n: p.detach().clone() for n, p in trainer.named_params}
+    trainer.run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 and 0 <= r["nft/r_mean"] <= 1 for r in rows)
+    assert all("kl" in r for r in rows) and rows[0]["kl"] == pytest.approx(0.0, abs=1e-10)  # first step: v = v_ref
+    assert rows[0]["nfe"] == 2 * 4 * 4  # ODE rollouts only: prompts x G x N
+    assert any(not torch.equal(initial[n], p) for n, p in trainer.named_params)
+
+
+def test_recipe_runs_two_iterations(tmp_path: Path) -> None:
+    overrides = [
+        "backbone.resolution=16",
+        "backbone.num_layers=1",
+        "backbone.num_single_layers=1",
+        "sampler.group_size=2",
+        "trainer.max_steps=2",
+        "trainer.prompts_per_step=2",
+        "trainer.checkpoint_every=0",
+        "trainer.image_every=0",
+    ]
+    recipe = load_recipe(ROOT / "recipes" / "diffusion_nft.toml", overrides)
+    Trainer(recipe, tmp_path / "run", quiet=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)

@@ -1,0 +1,80 @@
+"""DiffusionNFT's objective on the forward process: implicit positive and negative policies."""
+
+from __future__ import annotations
+
+import attrs
+from attrs.validators import ge, gt
+from torch import Tensor
+
+from flowrl import register
+from flowrl.interfaces import ForwardProcessLoss
+from flowrl.types import ForwardProcessInputs
+
+MIN_WEIGHT = 1e-5  # floor of the adaptive weight (mean absolute error)
+
+
+def adaptive_x0_loss(x0_hat: Tensor, x0: Tensor) -> Tensor:
+    """Per-sample ``mean((x0_hat - x0)^2) / max(mean|x0_hat - x0|, 1e-5)``, the denominator detached."""
+    err = (x0_hat - x0).flatten(1)
+    scale = err.abs().mean(1).detach().clamp(min=MIN_WEIGHT)
+    return err.square().mean(1) / scale
+
+
+def optimality(advantages: Tensor, clip: float) -> Tensor:
+    """``r = clamp(A / (2 c) + 0.5, 0, 1)`` with ``A`` clipped to ``[-c, c]``."""
+    a = advantages.float().clamp(-clip, clip)
+    return (a / (2.0 * clip) + 0.5).clamp(0.0, 1.0)
+
+
+@register("loss", "diffusion_nft")
+class DiffusionNFTLoss(ForwardProcessLoss):
+    """Implicit positive/negative policies on re-noised rollouts, no log-densities (DiffusionNFT, arXiv 2509.16117).
+
+    ``L = c mean(r L+ / beta + (1 - r) L- / beta) + kl_beta mean((v - v_ref)^2)`` on rollouts re-noised at
+    ``x_t = (1 - t) x0 + t eps``.
+
+    ``v+ = beta v + (1 - beta) v_old`` and ``v- = (1 + beta) v_old - beta v`` are the implicit positive and
+    negative policies; ``x0+- = x_t - t v+-`` and ``L+-`` is :func:`adaptive_x0_loss` of ``x0+-``;
+    ``r = clamp(A / (2 c) + 0.5, 0, 1)`` with ``c = adv_clip``. The leading factor is the same ``c``
+    (``scale_by_clip``): the gradient at ``v = v_old`` is then ``c (2 r - 1) grad = A grad`` (for ``|A| <= c``),
+    independent of the clip range.
+    """
+
+    @attrs.frozen
+    class Config:
+        beta: float = attrs.field(default=1.0, validator=gt(0))  # mixing strength of the implicit policies
+        adv_clip: float = attrs.field(default=5.0, validator=gt(0))  # c: advantages clipped to [-c, c]
+        scale_by_clip: bool = True  # multiply the policy loss by c (ALGORITHMS.md); false: by 1
+        kl_beta: float = attrs.field(default=0.0, validator=ge(0))  # weight of mean((v - v_ref)^2)
+
+    @property
+    def needs_reference(self) -> bool:  # type: ignore[override]
+        """The reference policy's velocity is needed iff the KL term is on."""
+        return bool(self.config.kl_beta > 0)
+
+    def forward_process(self, batch: ForwardProcessInputs) -> tuple[Tensor, dict[str, float]]:
+        c = self.config
+        shape = (-1, *([1] * (batch.x_t.dim() - 1)))
+        t = batch.t.float().reshape(shape)
+        x0, x_t = batch.x0.float(), batch.x_t.float()
+        v, v_old = batch.v.float(), batch.v_old.float().detach()
+        r = optimality(batch.advantages, c.adv_clip)
+        v_pos = c.beta * v + (1.0 - c.beta) * v_old
+        v_neg = (1.0 + c.beta) * v_old - c.beta * v
+        loss_pos = adaptive_x0_loss(x_t - t * v_pos, x0)
+        loss_neg = adaptive_x0_loss(x_t - t * v_neg, x0)
+        per = (r * loss_pos + (1.0 - r) * loss_neg) / c.beta
+        loss = (c.adv_clip if c.scale_by_clip else 1.0) * per.mean()
+        stats = {
+            "policy_loss": float(loss.detach()),
+            "nft/r_mean": float(r.mean()),
+            "nft/loss_pos": float(loss_pos.detach().mean()),
+            "nft/loss_neg": float(loss_neg.detach().mean()),
+        }
+        if c.kl_beta > 0:
+            if batch.v_ref is None:
+                raise ValueError("diffusion_nft with kl_beta > 0 needs the reference velocity (v_ref)")
+            kl = (v - batch.v_ref.float()).square().mean()
+            loss = loss + c.kl_beta * kl
+            stats["kl"] = float(kl.detach())
+        return loss, stats
