@@ -7,9 +7,12 @@ from flowrl import (  # noqa: F401
     prompts,
     selectors,
 )
-from flowrl.backbones import flux, tiny_flux  # noqa: F401
-from flowrl.backbones import sd3, tiny_sd3  # noqa: F401
-from flowrl.rewards import jpeg  # noqa: F401
-from flowrl.rewards import clip_rewards, hps, ocr  # noqa: F401
+from flowrl.backbones import flux, sd3, tiny_flux, tiny_sd3  # noqa: F401
+from flowrl.rewards import (  # noqa: F401
+    clip_rewards,
+    hps,
+    jpeg,  # noqa: F401
+    ocr,
+)
 from flowrl.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401

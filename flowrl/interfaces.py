@@ -145,6 +145,10 @@ class Backbone(Component, ABC):
         """Mean softmax entropy of image-query attention rows per latent ``(B,)`` (no grad; AEGPO's probe)."""
         raise NotImplementedError(f"{type(self).__name__} does not expose attention entropy")
 
+    def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
+        """The velocity and the attention entropy; backbones that can, take both from one probed forward."""
+        return self.velocity(x, s, cond), self.attention_entropy(x, s, cond, options)
+
     def reference_policy(self) -> AbstractContextManager[None]:
         """Inside this context the backbone evaluates the base (initial) policy; the trainer installs it."""
         raise NotImplementedError("no reference policy is installed (the trainer provides one)")

@@ -15,8 +15,8 @@ from flowrl.evaluate import ode_images
 from flowrl.recipe import recipe_from_dict
 from flowrl.samplers.walk import walk
 from flowrl.settings import LoraConfig
-from flowrl.trainer.lora import add_lora
 from flowrl.trainer.loop import Trainer
+from flowrl.trainer.lora import add_lora
 from flowrl.types import Plan, Schedule
 
 PROMPTS = ["a red circle", "two blue squares", "a cat on a mat"]
@@ -151,8 +151,16 @@ def test_sd3_loads_a_saved_folder_and_fails_clearly_offline(tmp_path: Path) -> N
     from flowrl.backbones.tiny_sd3 import TinySD3Spec, save_tiny_sd3
 
     save_tiny_sd3(TinySD3Spec(image_size=16), tmp_path / "model")
-    loaded = flowrl.build("backbone", {"type": "sd3", "path": str(tmp_path / "model"), "resolution": 16,
-                                       "max_sequence_length": 16, "dtype": "float32"})
+    loaded = flowrl.build(
+        "backbone",
+        {
+            "type": "sd3",
+            "path": str(tmp_path / "model"),
+            "resolution": 16,
+            "max_sequence_length": 16,
+            "dtype": "float32",
+        },
+    )
     built = flowrl.build("backbone", {"type": "tiny_sd3", "resolution": 16})
     x1 = loaded.noise(3, torch.Generator().manual_seed(0))
     assert torch.equal(_ode(loaded, 2, x1), _ode(built, 2, x1))

@@ -159,9 +159,13 @@ class FluxAdapter(Backbone):
 
         ``options`` is an :class:`~flowrl.backbones.flux_attention.AttentionEntropyOptions` (None: defaults).
         """
+        return self.velocity_and_entropy(x, s, cond, options)[1]
+
+    def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
+        """One probed forward gives both (counted once in ``nfe``)."""
         from flowrl.backbones.flux_attention import velocity_and_entropy
 
-        return velocity_and_entropy(self, x, s, cond, options)[1]
+        return velocity_and_entropy(self, x, s, cond, options)
 
     def decode(self, x: Tensor) -> Tensor:
         with torch.no_grad():
@@ -205,7 +209,7 @@ class FluxFromPretrained(FluxAdapter):
     class Config:
         path: str = attrs.field(validator=attrs.validators.min_len(1))  # folder of save_pretrained, or hub id
         resolution: int = attrs.field(default=512, validator=gt(0))  # image side in pixels
-        guidance: float = attrs.field(default=3.5, validator=ge(0))  # embedded guidance (dev); schnell has none: ignored
+        guidance: float = attrs.field(default=3.5, validator=ge(0))  # embedded guidance (dev); ignored by schnell
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
 

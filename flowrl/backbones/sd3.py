@@ -170,7 +170,7 @@ class SD3Adapter(Backbone):
 
 @register("backbone", "sd3")
 class SD3FromPretrained(SD3Adapter):
-    """Stable Diffusion 3 / 3.5 (or any saved StableDiffusion3Pipeline) from a local folder or a hub id (offline respected)."""
+    """SD3 / SD3.5 (any saved StableDiffusion3Pipeline) from a local folder or a hub id (offline respected)."""
 
     @attrs.frozen
     class Config:
@@ -186,4 +186,3 @@ class SD3FromPretrained(SD3Adapter):
         from diffusers import StableDiffusion3Pipeline
 
         return load_from_pretrained(StableDiffusion3Pipeline, self.config.path, DTYPES[self.config.dtype])
-

@@ -23,7 +23,7 @@ from attrs.validators import gt, in_
 from torch import Tensor
 
 from flowrl.registry import register
-from flowrl.rewards.base import ModelReward, RewardConfigError, has_module
+from flowrl.rewards.base import ModelReward, RewardConfigError
 from flowrl.rewards.preprocess import ImagePreprocess
 
 VOCAB = "bpe_simple_vocab_16e6.txt.gz"

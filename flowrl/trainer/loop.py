@@ -39,7 +39,7 @@ from flowrl.trainer.ema import EMA
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import adapters_disabled, add_lora
 from flowrl.trainer.update import StatsMean, forward_process_losses, no_reference, transition_losses
-from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
+from flowrl.types import Advantages, Plan, RewardBatch, Rollout, Schedule
 
 
 class NonFiniteError(RuntimeError):
@@ -176,17 +176,21 @@ class Trainer:
         t0 = time.perf_counter()
         forward0 = self.backbone.forward_s
         step = self.step
-        # 1. prompts (this process's slice of the global batch) and plan
+        # 1. prompts (this process's slice of the global batch) and plan; every transformer evaluation from
+        #    here to the end of the rollout counts towards the NFE (a selector's probes included)
         seed, per, rank = self.recipe.seed, self.cfg.prompts_per_step, self.accelerator.process_index
         everyone = self.prompts.sample(per * self.accelerator.num_processes, generator(seed, step, "prompts"))
         prompts = everyone[rank * per : (rank + 1) * per]
-        self.selector.observe(self.backbone, prompts, self.schedule)
+        self.backbone.module.eval()  # type: ignore[attr-defined]
+        nfe0 = self.backbone.nfe
+        with torch.no_grad():
+            self.selector.observe(self.backbone, prompts, self.schedule)
         plan = self.selector.plan(self.schedule, step, generator(seed, step, "plan"))
         # 2. rollout with the current (old) policy
-        self.backbone.module.eval()  # type: ignore[attr-defined]
         rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
         with torch.no_grad():
             rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
+        nfe_iteration = self.backbone.nfe - nfe0
         t_rollout = time.perf_counter() - t0
         # 3. rewards and advantages
         rewards = self.score(rollout)
@@ -197,7 +201,7 @@ class Trainer:
         t_update = time.perf_counter() - t1
         # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
-        self.nfe += reduce_metrics(self.accelerator, {"nfe": rollout.nfe}, summed=("nfe",))["nfe"]
+        self.nfe += reduce_metrics(self.accelerator, {"nfe": nfe_iteration}, summed=("nfe",))["nfe"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
         t_model = self.backbone.forward_s - forward0 + update.pop("time/backward_s", 0.0)
@@ -206,6 +210,7 @@ class Trainer:
         metrics["advantage/abs_mean"] = float(advantages.values.abs().mean())
         metrics.update({f"advantage/{k}/abs_mean": float(v.abs().mean()) for k, v in advantages.per_reward.items()})
         metrics.update(update)
+        metrics.update(plan_scalars(plan))
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
         metrics["lr"] = self.lr_schedule.get_last_lr()[0]
         metrics.update(
@@ -394,6 +399,20 @@ class StopSignal:
     def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def plan_scalars(plan: Plan) -> dict[str, float]:
+    """The numeric entries of ``plan.info`` (a selector's or allocator's diagnostics) as ``plan/<key>``;
+    lists of numbers are summarised by their mean, min and max."""
+    out: dict[str, float] = {}
+    for key, value in plan.info.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[f"plan/{key}"] = float(value)
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
+            numbers = [float(v) for v in value]
+            out.update({f"plan/{key}/mean": sum(numbers) / len(numbers), f"plan/{key}/max": max(numbers)})
+            out[f"plan/{key}/min"] = min(numbers)
+    return out
 
 
 def peak_memory_mb() -> float:

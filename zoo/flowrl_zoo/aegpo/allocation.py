@@ -81,6 +81,8 @@ def allocate(
     if not n * min_size <= budget <= n * max_size:
         raise ValueError(f"budget {budget} cannot be split into {n} groups of {min_size}..{max_size}")
     w = [max(0.0, float(x)) if math.isfinite(x) else 0.0 for x in weights]
+    top = max(w)  # scale to max 1 so quotients of tiny (even subnormal) weights do not underflow to ties
+    w = [x / top for x in w] if top > 0 else [1.0] * n
     key = [float(x) if math.isfinite(x) else 0.0 for x in order_key] if order_key is not None else w
     sizes = [min_size] * n
     for _ in range(budget - n * min_size):

@@ -132,8 +132,7 @@ class EntropyAllocation(RolloutSampler):
         rollout = self.host.rollout(
             backbone, prompts, attrs.evolve(plan, group_sizes=tuple(sizes), info=info), schedule, rng
         )
-        # Every transformer evaluation of this iteration: probes here, the selector's probe, the host's rollout.
-        rollout.nfe = backbone.nfe - nfe0 + int(plan.info.get("aegpo/probe_nfe", 0))
+        rollout.nfe = backbone.nfe - nfe0  # probes here and the host's rollout (the loop also counts observe())
         return rollout
 
     def _current(

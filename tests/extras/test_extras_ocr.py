@@ -1,0 +1,33 @@
+"""The OCR reward with the real RapidOCR engine (its models ship in the wheel) on rendered text."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from flowrl.registry import build
+
+
+def rendered(text: str) -> torch.Tensor:
+    img = Image.new("RGB", (320, 128), (245, 245, 240))
+    font = ImageFont.load_default(size=56)
+    ImageDraw.Draw(img).text((20, 30), text, fill=(10, 10, 10), font=font)
+    return torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1)
+
+
+def test_right_text_scores_high_and_wrong_text_low() -> None:
+    reward = build("reward", {"type": "ocr"})
+    reward.check()
+    images = torch.stack([rendered("HELLO")] * 3 + [rendered("")])
+    prompts = [
+        'a shop sign that says "HELLO"',
+        'a shop sign that says "GOODBYE"',
+        'a shop sign that says "HELP"',
+        'a blank sign that says "HELLO"',
+    ]
+    scores = reward.score(images, prompts).tolist()
+    assert scores[0] == 1.0, scores
+    assert scores[1] <= 0.4, scores
+    assert 0.5 <= scores[2] < 1.0, scores  # 'hello' vs 'help': one substitution, one insertion
+    assert scores[3] == 0.0, scores
