@@ -72,3 +72,15 @@ def extras(session: nox.Session) -> None:
     session.install("--no-deps", "hpsv2==1.2.0", "open-clip-torch==3.3.0")
     session.install("-c", str(constraints), *EXTRAS_TORCH, *HPS_RUNTIME)
     session.run("python", "-m", "pytest", "-q", "tests/extras", *session.posargs, env={**ENV, "FLOWRL_EXTRAS": "1"})
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """GPU smoke check (scripts/gpu_check.py): tiny and ~1B-parameter FLUX-class models trained a few
+    iterations in bf16 on CUDA, printing NFE/s, iteration time and peak memory. Skipped without CUDA."""
+    import subprocess
+
+    probe = subprocess.run([PY, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"])
+    if probe.returncode != 0:
+        session.skip("CUDA is not available; `python scripts/gpu_check.py --device cpu --tiny-only` checks the script")
+    session.run(PY, "scripts/gpu_check.py", *session.posargs, env=ENV)

@@ -1,7 +1,7 @@
 """GPU smoke check: a few training iterations of random-weight FLUX-class (and SD3) models in bf16.
 
-    python scripts/gpu_check.py                         # CUDA: tiny FLUX, tiny SD3, ~1B FLUX (about 1-2 min on one H200)
-    python scripts/gpu_check.py --device cpu --tiny-only  # the same script path on a CPU (seconds)
+    python scripts/gpu_check.py                           # CUDA: tiny FLUX, tiny SD3, ~1B FLUX (minutes)
+    python scripts/gpu_check.py --device cpu --tiny-only  # the same code path on a CPU (seconds)
 
 Every model is built locally from a config (no download, random weights) and trained through the shared
 trainer (``Trainer.iteration``) with bf16 weights, bf16 autocast (``trainer.mixed_precision = "bf16"``),

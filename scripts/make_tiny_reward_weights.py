@@ -141,7 +141,7 @@ def scores(part: str) -> dict[str, list[float]]:
         "clip": {
             "pickscore": {"type": "pickscore", "model": clip, "processor": clip, "device": "cpu"},
             "clipscore": {"type": "clipscore", "model": clip, "device": "cpu"},
-            "aesthetic": {"type": "aesthetic", "model": clip, "head": str(DATA / "aesthetic_head.pth"), "device": "cpu"},
+            "aesthetic": {"type": "aesthetic", "model": clip, "head": str(DATA / "aesthetic_head.pth")},
         },
         "hps": {
             "hpsv2": {
@@ -154,7 +154,10 @@ def scores(part: str) -> dict[str, list[float]]:
         },
     }[part]
     images = load_image().repeat(len(PROMPTS), 1, 1, 1)
-    return {name: [float(s) for s in build("reward", spec).score(images, list(PROMPTS))] for name, spec in specs.items()}
+    out = {}
+    for name, spec in specs.items():
+        out[name] = [float(s) for s in build("reward", {"device": "cpu", **spec}).score(images, list(PROMPTS))]
+    return out
 
 
 def main() -> int:

@@ -84,10 +84,10 @@ def test_cli_pretrain_runs(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "key"),
     [
-        ('[train]\nstepz = 3\n', "[train.stepz] unknown key; did you mean 'steps'?"),
-        ('[modle]\nnum_layers = 1\n', "[modle] unknown key; did you mean 'model'?"),
-        ('[model]\naxes_dims_rope = [4, 4, 4]\n', "[model] axes_dims_rope"),
-        ('[train]\nlr = -1.0\n', "[train.lr]"),
+        ("[train]\nstepz = 3\n", "[train.stepz] unknown key; did you mean 'steps'?"),
+        ("[modle]\nnum_layers = 1\n", "[modle] unknown key; did you mean 'model'?"),
+        ("[model]\naxes_dims_rope = [4, 4, 4]\n", "[model] axes_dims_rope"),
+        ("[train]\nlr = -1.0\n", "[train.lr]"),
     ],
 )
 def test_bad_recipe_exits_2_with_one_line(

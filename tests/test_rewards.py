@@ -147,12 +147,20 @@ def test_check_names_the_missing_path(tmp_path: Path) -> None:
     assert "set reward.head" in _check_message({"type": "aesthetic", "model": CLIP})
 
 
-def test_check_refuses_a_hub_id_offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_check_refuses_a_hub_id_offline_unless_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flowrl.rewards.base as base
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # nothing cached
+    monkeypatch.setattr(base, "_in_hub_cache", lambda repo_id: False)
     message = _check_message({"type": "clipscore"})
     assert "'openai/clip-vit-large-patch14' is not a local folder and the hub is offline" in message
     assert "set reward.model" in message
+    monkeypatch.setattr(base, "_in_hub_cache", lambda repo_id: True)  # in the local Hugging Face cache: fine
+    build("reward", {"type": "clipscore"}).check()
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online: the hub id is left to from_pretrained
+    monkeypatch.setattr(base, "_in_hub_cache", lambda repo_id: False)
+    build("reward", {"type": "clipscore"}).check()
 
 
 @pytest.mark.skipif(has_module("hpsv2"), reason="hpsv2 is installed here")

@@ -139,10 +139,17 @@ def test_trainer_runs_sd3_with_lora_checkpointing_and_bf16() -> None:
     data["trainer"]["max_steps"] = 1
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(recipe_from_dict(data), Path(tmp), quiet=True)
-        assert trainer.backbone.transformer.is_gradient_checkpointing
-        metrics = trainer.iteration()
+    from accelerate.state import AcceleratorState
+
+    # accelerate's state is a process-wide singleton: a different mixed_precision needs a reset, before and after
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = Trainer(recipe_from_dict(data), Path(tmp), quiet=True)
+            assert trainer.backbone.transformer.is_gradient_checkpointing
+            metrics = trainer.iteration()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
     assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
     assert metrics["nfe"] == 2 * 2 * 4 * 4  # prompts x G x steps x 2 rows (CFG)
 

@@ -170,7 +170,12 @@ class SD3Adapter(Backbone):
 
 @register("backbone", "sd3")
 class SD3FromPretrained(SD3Adapter):
-    """SD3 / SD3.5 (any saved StableDiffusion3Pipeline) from a local folder or a hub id (offline respected)."""
+    """SD3 / SD3.5 (any saved StableDiffusion3Pipeline) from a local folder or a hub id (offline respected).
+
+    CFG with a frozen unconditional branch (``guidance_scale > 1``; NFE counts 2 transformer rows per guided
+    step); ``grid``: ``uniform`` is flowrl's shifted grid, ``diffusers`` the pipeline's default one
+    (Flow-GRPO's SD3 code); ``dtype``: the transformer's storage and autocast dtype (docs/models.md).
+    """
 
     @attrs.frozen
     class Config:
@@ -179,7 +184,7 @@ class SD3FromPretrained(SD3Adapter):
         guidance_scale: float = attrs.field(default=4.5, validator=ge(1.0))  # CFG scale (Flow-GRPO: 4.5); 1 disables
         negative_prompt: str = ""  # the unconditional branch's prompt (encoded once)
         max_sequence_length: int = attrs.field(default=256, validator=gt(0))  # T5 tokens
-        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))
+        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))  # sigma grid
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
 
     def load_pipeline(self) -> Any:

@@ -210,7 +210,7 @@ class TinySD3(SD3Adapter):
         max_sequence_length: int = attrs.field(default=16, validator=gt(2))  # prompt tokens (CLIP and T5)
         guidance_scale: float = attrs.field(default=4.5, validator=ge(1.0))  # CFG scale; 1 disables CFG
         negative_prompt: str = ""  # the unconditional branch's prompt (encoded once)
-        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))
+        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))  # sigma grid
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
 
     def load_pipeline(self) -> Any:

@@ -59,7 +59,8 @@ def ensure_vocab() -> None:
     try:
         shutil.copyfile(source, target)
     except OSError as error:
-        raise RewardConfigError(f"reward 'hpsv2': cannot copy {source} to {target} ({error}); copy it by hand") from None
+        message = f"reward 'hpsv2': cannot copy {source} to {target} ({error}); copy it by hand"
+        raise RewardConfigError(message) from None
 
 
 @register("reward", "hpsv2")

@@ -195,10 +195,8 @@ def build_backbone(model: ModelConfig, seed: int) -> FluxAdapter:
 
 def parameter_counts(backbone: FluxAdapter) -> dict[str, int]:
     """Parameters of the transformer and of the two text encoders."""
-    pipe = backbone.pipe
-    count = {name: sum(p.numel() for p in getattr(pipe, name).parameters())
-             for name in ("transformer", "text_encoder", "text_encoder_2")}
-    return count
+    names = ("transformer", "text_encoder", "text_encoder_2")
+    return {name: sum(p.numel() for p in getattr(backbone.pipe, name).parameters()) for name in names}
 
 
 def forward_ms(backbone: FluxAdapter, batch: int = 32, repeats: int = 10) -> float:
@@ -324,7 +322,9 @@ class Pretrainer:
         """Prompt encodings with gradients into the text encoders (the adapter's cache is bypassed)."""
         with contextlib.nullcontext() if self.cfg.train_text_encoders else torch.no_grad():
             embeds, pooled, text_ids = self.backbone.pipe.encode_prompt(
-                prompt=prompts, prompt_2=None, device=self.backbone.device,
+                prompt=prompts,
+                prompt_2=None,
+                device=self.backbone.device,
                 max_sequence_length=self.backbone.config.max_sequence_length,
             )
         self.backbone._text_ids = text_ids
@@ -380,9 +380,11 @@ class Pretrainer:
         e = self.recipe.eval
         heldout = WorldPrompts(WorldPrompts.Config(heldout_count=e.prompts)).heldout()
         train = [s.text for s in sample_scenes("train", e.prompts, 1234)]
-        schedule = Schedule(self.backbone.schedule_sigmas(e.num_steps, e.shift), flowrl.build("kernel", {"type": "ode"}))
+        sigmas = self.backbone.schedule_sigmas(e.num_steps, e.shift)
+        schedule = Schedule(sigmas, flowrl.build("kernel", {"type": "ode"}))
         reward = [("world", 1.0, WorldVerifier(WorldVerifier.Config()))]
-        for module in (self.backbone.pipe.transformer, self.backbone.pipe.text_encoder, self.backbone.pipe.text_encoder_2):
+        pipe = self.backbone.pipe
+        for module in (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2):
             module.eval()
         out: dict[str, float] = {}
         with self.weights():
@@ -473,7 +475,7 @@ class Pretrainer:
         (self.output_dir / "pretrain.toml").write_text(
             "# The resolved recipe this model was pre-trained with: flowrl pretrain <this file>\n" + dumps(recipe)
         )
-        tail = losses[-min(len(losses), 100):]
+        tail = losses[-min(len(losses), 100) :]
         info = {
             "steps": self.step,
             "train_wall_s": round(wall, 1),

@@ -3,12 +3,12 @@ entry-point group, exactly as a third-party package would plug in; the core neve
 
 from flowrl_zoo import (  # noqa: F401
     aegpo,
-    branch_grpo,  # noqa: F401
+    branch_grpo,
     dance_grpo,
-    diffusion_nft,  # noqa: F401
+    diffusion_nft,
     egrpo,
     flow_grpo,
-    flow_grpo_fast,  # noqa: F401
-    mix_grpo,  # noqa: F401
-    tempflow_grpo,  # noqa: F401
+    flow_grpo_fast,
+    mix_grpo,
+    tempflow_grpo,
 )
