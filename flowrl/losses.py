@@ -35,8 +35,8 @@ class PPOClip(PolicyLoss):
     for Gaussians of equal std. Interpretation of the dt option: by default (``kl_dt_factor = False``) ``std``
     is the transition's std as recorded (for SDE kernels it already contains ``sqrt(-dt)``), i.e. the exact
     KL of the two transition Gaussians (Flow-GRPO). With ``kl_dt_factor = True`` the KL is multiplied by
-    ``-dt = s - s_next`` (dividing by ``sigma_t^2`` instead of ``std^2``); this needs a ``dt`` field on the
-    batch, which :class:`LossInputs` does not carry yet, so it raises until one is added.
+    ``-dt = s - s_next`` (dividing by ``sigma_t^2`` instead of ``std^2``), using ``LossInputs.dt`` (filled by
+    the trainer).
     """
 
     @attrs.frozen
@@ -65,10 +65,9 @@ class PPOClip(PolicyLoss):
         if self.config.kl_beta > 0 and batch.ref_mean is not None:
             kl = gaussian_mean_kl(batch.mean, batch.ref_mean, batch.std)
             if self.config.kl_dt_factor:
-                dt = getattr(batch, "dt", None)
-                if dt is None:
-                    raise ValueError("kl_dt_factor needs the transitions' dt (LossInputs has no 'dt' field)")
-                kl = kl * (-dt.float())
+                if batch.dt is None:
+                    raise ValueError("kl_dt_factor needs the transitions' dt (LossInputs.dt)")
+                kl = kl * (-batch.dt.float())
             kl_mean = kl.mean()
             loss = loss + self.config.kl_beta * kl_mean
             stats["kl"] = float(kl_mean.detach())

@@ -263,6 +263,7 @@ class LossInputs:
     mean: Tensor
     std: Tensor
     ref_mean: Tensor | None = None
+    dt: Tensor | None = None  # s_next - s of each transition (negative)
 
 
 @attrs.define

@@ -82,11 +82,15 @@ def test_kl_term_and_reference() -> None:
     assert mean.grad is not None and torch.isfinite(mean.grad).all() and mean.grad.abs().sum() > 0
 
 
-def test_kl_dt_factor_needs_dt() -> None:
+def test_kl_dt_factor_scales_by_minus_dt() -> None:
     logp = torch.zeros(2)
     batch = _inputs(logp, logp, torch.ones(2), ref_mean=torch.ones(2, 2, 3))
     with pytest.raises(ValueError, match="dt"):
         _loss(kl_beta=0.1, kl_dt_factor=True)(batch)
+    plain = _loss(kl_beta=0.1)(batch)[1]["kl"]
+    batch.dt = torch.tensor([-0.5, -0.5])
+    scaled = _loss(kl_beta=0.1, kl_dt_factor=True)(batch)[1]["kl"]
+    assert plain > 0 and scaled == pytest.approx(0.5 * plain, rel=1e-6)
 
 
 def test_config_validation() -> None:

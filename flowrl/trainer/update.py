@@ -78,6 +78,7 @@ def transition_losses(
             mean=mean,
             std=std,
             ref_mean=ref_mean,
+            dt=s_next - s[local],
         )
         loss, stats = loss_fn(batch)
         yield loss, len(t_ids) / total, stats
