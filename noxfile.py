@@ -1,7 +1,7 @@
 """The test matrix. Sessions run in the environment nox itself runs in (set up by scripts/setup.sh):
 torch must be installed first and pinned, which per-session virtualenvs would redo every time.
 
-    nox                  lint, typecheck, tests, slow, docs
+    nox                  lint, typecheck, tests, slow, docs, extras, gpu (skipped without CUDA)
     nox -s tests         fast unit, property, recipe, equivalence and CLI tests
     nox -s slow          long tests (multi-process, benchmark harness, pre-training)
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "slow", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "slow", "docs", "extras", "gpu"]
 nox.options.default_venv_backend = "none"
 
 PY = sys.executable

@@ -63,7 +63,8 @@ def softmax_entropy(query: Tensor, key: Tensor, chunk_size: int, normalise: bool
     k = key.float().transpose(1, 2)  # (B, H, K, D)
     scale = 1.0 / math.sqrt(dim)
     total = torch.zeros(b, dtype=torch.float32, device=query.device)
-    with torch.no_grad():
+    # fp32 even inside a bf16/fp16 autocast region (the backbone's forward runs under one)
+    with torch.no_grad(), torch.autocast(device_type=query.device.type, enabled=False):
         for start in range(0, q_len, chunk_size):
             q = query[:, start : start + chunk_size].float().transpose(1, 2)  # (B, H, c, D)
             logits = torch.matmul(q, k.transpose(-1, -2)) * scale
