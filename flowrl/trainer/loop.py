@@ -8,17 +8,12 @@ Every method is this loop with different parts; no method has a trainer of its o
 from __future__ import annotations
 
 import math
-import random
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -37,9 +32,10 @@ from flowrl.trainer.checkpoint import (
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logger import RunLogger, save_grid_png
-from flowrl.trainer.lora import adapters_disabled, add_lora
-from flowrl.trainer.update import StatsMean, forward_process_losses, no_reference, transition_losses
-from flowrl.types import Advantages, Plan, RewardBatch, Rollout, Schedule
+from flowrl.trainer.lora import add_lora
+from flowrl.trainer.support import StopSignal, install_reference, peak_memory_mb, plan_scalars, seed_everything
+from flowrl.trainer.update import StatsMean, forward_process_losses, transition_losses
+from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 
 class NonFiniteError(RuntimeError):
@@ -121,18 +117,8 @@ class Trainer:
         module, self.optimizer = self.accelerator.prepare(transformer, self.optimizer)
         self.backbone.module = module  # type: ignore[attr-defined]
         self.ema = EMA(self.named_params, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
-        # The reference (base) policy: LoRA switched off, or a frozen copy when some part needs one.
-        self.reference: Callable[[], AbstractContextManager[None]] | None = None
-        needs = [self.loss_fn, self.selector, self.sampler]
-        if self.recipe.lora is not None:
-            self.reference = lambda: adapters_disabled(transformer)
-        elif any(getattr(part, "needs_reference", False) for part in needs):
-            self.reference_model = _frozen_copy(transformer)
-            self.reference = lambda: _swapped(self.backbone, self.reference_model)
-        if self.reference is not None:
-            self.backbone.reference_policy = self.reference  # type: ignore[method-assign]
-        else:
-            self.reference = no_reference
+        needs = any(getattr(part, "needs_reference", False) for part in (self.loss_fn, self.selector, self.sampler))
+        self.reference = install_reference(self.backbone, lora=self.recipe.lora is not None, needed=needs)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -379,77 +365,6 @@ class Trainer:
         self.sampler.load_state_dict(extra["components"]["sampler"])
         self.step, self.nfe, self.wall = state["step"], state["nfe"], state["wall_s"]
         self.skipped = state.get("skipped", 0)
-
-
-class StopSignal:
-    """SIGINT/SIGTERM end the current iteration, then the loop saves a checkpoint and returns."""
-
-    def __init__(self) -> None:
-        self.received = ""
-        self.previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.received:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-def plan_scalars(plan: Plan) -> dict[str, float]:
-    """The numeric entries of ``plan.info`` (a selector's or allocator's diagnostics) as ``plan/<key>``;
-    lists of numbers are summarised by their mean, min and max."""
-    out: dict[str, float] = {}
-    for key, value in plan.info.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[f"plan/{key}"] = float(value)
-        elif isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
-            numbers = [float(v) for v in value]
-            out.update({f"plan/{key}/mean": sum(numbers) / len(numbers), f"plan/{key}/max": max(numbers)})
-            out[f"plan/{key}/min"] = min(numbers)
-    return out
-
-
-def peak_memory_mb() -> float:
-    """Peak memory so far: the GPU allocator's peak on CUDA, else the process's peak resident set."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
-    import copy
-
-    ref = copy.deepcopy(module)
-    ref.requires_grad_(False).eval()
-    return ref
-
-
-class _swapped(AbstractContextManager[None]):
-    """Context manager: the backbone evaluates ``module`` instead of its trained transformer."""
-
-    def __init__(self, backbone: Backbone, module: torch.nn.Module) -> None:
-        self.backbone, self.module = backbone, module
-
-    def __enter__(self) -> None:
-        self.saved = self.backbone.module  # type: ignore[attr-defined]
-        self.backbone.module = self.module  # type: ignore[attr-defined]
-
-    def __exit__(self, *exc: object) -> None:
-        self.backbone.module = self.saved  # type: ignore[attr-defined]
 
 
 def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:

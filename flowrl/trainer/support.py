@@ -1,0 +1,104 @@
+"""Small pieces the loop uses: signals, the reference policy, seeding, memory, plan diagnostics."""
+
+from __future__ import annotations
+
+import copy
+import random
+import signal
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+import torch
+
+from flowrl.interfaces import Backbone
+from flowrl.trainer.lora import adapters_disabled
+from flowrl.trainer.update import no_reference
+from flowrl.types import Plan
+
+
+class StopSignal:
+    """SIGINT/SIGTERM end the current iteration, then the loop saves a checkpoint and returns."""
+
+    def __init__(self) -> None:
+        self.received = ""
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def plan_scalars(plan: Plan) -> dict[str, float]:
+    """The numeric entries of ``plan.info`` (a selector's or allocator's diagnostics) as ``plan/<key>``;
+    lists of numbers are summarised by their mean, min and max."""
+    out: dict[str, float] = {}
+    for key, value in plan.info.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[f"plan/{key}"] = float(value)
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
+            numbers = [float(v) for v in value]
+            out.update({f"plan/{key}/mean": sum(numbers) / len(numbers), f"plan/{key}/max": max(numbers)})
+            out[f"plan/{key}/min"] = min(numbers)
+    return out
+
+
+def peak_memory_mb() -> float:
+    """Peak memory so far: the GPU allocator's peak on CUDA, else the process's peak resident set."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(module)
+    ref.requires_grad_(False).eval()
+    return ref
+
+
+class _swapped(AbstractContextManager[None]):
+    """Context manager: the backbone evaluates ``module`` instead of its trained transformer."""
+
+    def __init__(self, backbone: Backbone, module: torch.nn.Module) -> None:
+        self.backbone, self.module = backbone, module
+
+    def __enter__(self) -> None:
+        self.saved = self.backbone.module  # type: ignore[attr-defined]
+        self.backbone.module = self.module  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        self.backbone.module = self.saved  # type: ignore[attr-defined]
+
+
+def install_reference(backbone: Backbone, lora: bool, needed: bool) -> Callable[[], AbstractContextManager[None]]:
+    """The reference (base) policy as a context-manager factory, also installed as
+    ``backbone.reference_policy``: LoRA switched off, or a frozen copy of the initial transformer when some
+    part needs a reference. With neither, a no-op factory (and the backbone keeps raising when asked)."""
+    transformer = backbone.transformer
+    if lora:
+        factory: Callable[[], AbstractContextManager[None]] = lambda: adapters_disabled(transformer)  # noqa: E731
+    elif needed:
+        frozen = _frozen_copy(transformer)
+        factory = lambda: _swapped(backbone, frozen)  # noqa: E731
+    else:
+        return no_reference
+    backbone.reference_policy = factory  # type: ignore[method-assign]
+    return factory
