@@ -10,6 +10,7 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -37,3 +38,26 @@ def tiny_recipe(**trainer: object) -> dict:
         "optim": {"lr": 1e-4},
         "trainer": {"max_steps": 2, "prompts_per_step": 2, "checkpoint_every": 0, "image_every": 0, **trainer},
     }
+
+
+TINY_WORLD = {
+    "backbone": {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1},
+    "prompts": {"type": "list", "prompts": ["a red circle", "two blue squares", "a cat"], "heldout": ["a dog"]},
+    "reward": [{"type": "jpeg_compressibility", "scale_kb": 1.0}],
+}
+TINY_TRAINER = {"max_steps": 2, "prompts_per_step": 2, "checkpoint_every": 0, "image_every": 0, "eval_every": 0}
+
+
+def shipped_tiny(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """A shipped recipe (``recipes/<name>.toml``) with its model, prompts and reward swapped for the tiny
+    random FLUX, a prompt list and JPEG compressibility, and a 2-iteration trainer: the method's own parts
+    (selector, sampler, kernel, advantage, loss) are exercised unchanged, in seconds."""
+    import tomllib
+
+    from flowrl.recipe import recipe_from_dict
+
+    data = tomllib.loads((ROOT / "recipes" / f"{name}.toml").read_text())
+    data.update({key: value for key, value in TINY_WORLD.items()})
+    data["trainer"] = {**data.get("trainer", {}), **TINY_TRAINER}
+    data["trainer"].pop("torch_threads", None)
+    return recipe_from_dict(data, list(overrides), source=f"recipes/{name}.toml (tiny)")

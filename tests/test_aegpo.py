@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import shipped_tiny
 from flowrl_zoo.aegpo import (
     allocate,
     allocation_weights,
@@ -24,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrl
-from flowrl.recipe import RecipeError, load_recipe, recipe_from_dict
+from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.rng import RolloutRNG
 from flowrl.schedule import shifted_sigmas
 from flowrl.trainer import Trainer
@@ -224,31 +225,22 @@ def test_host_table_errors() -> None:
 
 # -- the recipes, tiny ----------------------------------------------------------------------------------
 TINY = [
-    "backbone.type=tiny_flux",
-    "backbone.resolution=16",
-    "backbone.num_layers=1",
-    "backbone.num_single_layers=1",
     "sampler.host.num_steps=4",
     "sampler.host.group_size=3",
     "sampler.max_group=6",
     "selector.k=2",
-    "trainer.max_steps=2",
-    "trainer.prompts_per_step=2",
-    "trainer.eval_every=0",
-    "trainer.checkpoint_every=0",
-    "trainer.image_every=0",
     "trainer.train_batch_size=16",
 ]
 
 
 def tiny_aegpo() -> dict:
-    return load_recipe(ROOT / "recipes" / "aegpo.toml", TINY).to_dict()
+    return shipped_tiny("aegpo", TINY).to_dict()
 
 
 @pytest.mark.parametrize("name", ["aegpo", "aegpo_egrpo"])
 def test_recipe_runs_two_iterations(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     extra = ["selector.tau=0.5"] if name == "aegpo_egrpo" else []
-    recipe = load_recipe(ROOT / "recipes" / f"{name}.toml", [*TINY, *extra])
+    recipe = shipped_tiny(name, [*TINY, *extra])
     probe_s = [0.0]
     original = probe_module.entropy_curves
 

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_recipe
+from conftest import ROOT, shipped_tiny, tiny_recipe
 from flowrl_zoo.diffusion_nft import DiffusionNFTLoss, adaptive_x0_loss, optimality
 
 import flowrl
-from flowrl import load_recipe
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import Trainer
 from flowrl.types import ForwardProcessInputs, Schedule
@@ -143,17 +142,8 @@ def test_two_iterations_through_the_shared_trainer(tmp_path: Path) -> None:
 
 
 def test_recipe_runs_two_iterations(tmp_path: Path) -> None:
-    overrides = [
-        "backbone.resolution=16",
-        "backbone.num_layers=1",
-        "backbone.num_single_layers=1",
-        "sampler.group_size=2",
-        "trainer.max_steps=2",
-        "trainer.prompts_per_step=2",
-        "trainer.checkpoint_every=0",
-        "trainer.image_every=0",
-    ]
-    recipe = load_recipe(ROOT / "recipes" / "diffusion_nft.toml", overrides)
+    overrides = ["sampler.group_size=2"]
+    recipe = shipped_tiny("diffusion_nft", overrides)
     Trainer(recipe, tmp_path / "run", quiet=True).run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)

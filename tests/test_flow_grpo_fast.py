@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_recipe
+from conftest import shipped_tiny, tiny_recipe
 
 import flowrl
-from flowrl import RecipeError, load_recipe
+from flowrl import RecipeError
 from flowrl.recipe import recipe_from_dict
 from flowrl.rng import RolloutRNG
 from flowrl.schedule import shifted_sigmas
@@ -70,17 +70,8 @@ def test_only_the_window_is_stochastic_and_recorded() -> None:
 
 
 def test_recipe_runs_two_iterations(tmp_path: Path) -> None:
-    overrides = [
-        "backbone.resolution=16",
-        "backbone.num_layers=1",
-        "backbone.num_single_layers=1",
-        "sampler.group_size=2",
-        "trainer.max_steps=2",
-        "trainer.prompts_per_step=2",
-        "trainer.checkpoint_every=0",
-        "trainer.image_every=0",
-    ]
-    recipe = load_recipe(ROOT / "recipes" / "flow_grpo_fast.toml", overrides)
+    overrides = ["sampler.group_size=2"]
+    recipe = shipped_tiny("flow_grpo_fast", overrides)
     assert recipe.parts["loss"].config.clip_range == 1e-5
     Trainer(recipe, tmp_path / "run", quiet=True).run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_recipe
+from conftest import shipped_tiny, tiny_recipe
 from flowrl_zoo.mix_grpo import MixGRPOWindow
 
 import flowrl
-from flowrl import RecipeError, load_recipe
+from flowrl import RecipeError
 from flowrl.recipe import recipe_from_dict
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.solvers import coarse_grid, solve
@@ -21,16 +21,7 @@ from flowrl.schedule import shifted_sigmas
 from flowrl.trainer import Trainer
 from flowrl.types import Plan, Schedule, Unit
 
-TINY = [
-    "backbone.resolution=16",
-    "backbone.num_layers=1",
-    "backbone.num_single_layers=1",
-    "sampler.group_size=2",
-    "trainer.max_steps=2",
-    "trainer.prompts_per_step=2",
-    "trainer.checkpoint_every=0",
-    "trainer.image_every=0",
-]
+TINY = ["sampler.group_size=2"]
 
 
 def schedule(n: int) -> Schedule:
@@ -226,7 +217,7 @@ def test_full_window_equals_flow_grpo(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["mix_grpo", "mix_grpo_flash"])
 def test_recipe_runs_two_iterations(name: str, tmp_path: Path) -> None:
-    recipe = load_recipe(ROOT / "recipes" / f"{name}.toml", TINY)
+    recipe = shipped_tiny(name, TINY)
     trainer = Trainer(recipe, tmp_path / name, quiet=True)
     trainer.run()
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_recipe
+from conftest import ROOT, shipped_tiny, tiny_recipe
 from flowrl_zoo.tempflow_grpo import step_std
 
 import flowrl
-from flowrl import RecipeError, load_recipe
+from flowrl import RecipeError
 from flowrl.recipe import recipe_from_dict
 from flowrl.rng import RolloutRNG
 from flowrl.trainer import Trainer
@@ -133,17 +133,8 @@ def test_one_step_without_weighting_equals_egrpo_training(tmp_path: Path) -> Non
 
 
 def test_recipe_runs_two_iterations(tmp_path: Path) -> None:
-    overrides = [
-        "backbone.resolution=16",
-        "backbone.num_layers=1",
-        "backbone.num_single_layers=1",
-        "sampler.group_size=2",
-        "trainer.max_steps=2",
-        "trainer.prompts_per_step=2",
-        "trainer.checkpoint_every=0",
-        "trainer.image_every=0",
-    ]
-    Trainer(load_recipe(ROOT / "recipes" / "tempflow_grpo.toml", overrides), tmp_path / "run", quiet=True).run()
+    overrides = ["sampler.group_size=2"]
+    Trainer(shipped_tiny("tempflow_grpo", overrides), tmp_path / "run", quiet=True).run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     n, g, p = 10, 2, 2
     assert [r["nfe"] for r in rows] == [k * p * (n + g * (9 + 6 + 3)) for k in (1, 2)]
