@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -29,7 +31,7 @@ def ode_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed:
 def evaluate(
     backbone: Backbone,
     prompts: list[str],
-    rewards: list[tuple[str, float, RewardModel]],
+    rewards: Sequence[tuple[str, float, RewardModel]],
     schedule: Schedule,
     seed: int = 0,
 ) -> dict[str, float]:
