@@ -45,7 +45,7 @@ def load_from_pretrained(pipeline_cls: Any, path: str, dtype: torch.dtype, **kwa
     when ``HF_HUB_OFFLINE=1``), every component in ``dtype``; one clear error when it cannot be found."""
     local = Path(path).exists()
     try:
-        return pipeline_cls.from_pretrained(path, local_files_only=local, torch_dtype=dtype, **kwargs)
+        return pipeline_cls.from_pretrained(path, local_files_only=local, dtype=dtype, **kwargs)
     except OSError as error:
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
         where = "local folder" if local else "hub id" + (" (HF_HUB_OFFLINE=1: the local cache only)" if offline else "")
