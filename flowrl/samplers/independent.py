@@ -5,12 +5,13 @@ from __future__ import annotations
 import attrs
 import torch
 from attrs.validators import ge, gt
+from torch import Tensor
 
 from flowrl.interfaces import Backbone, RolloutSampler
 from flowrl.registry import register
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import TrajectoryRecorder, walk
-from flowrl.types import Plan, Rollout, Schedule
+from flowrl.types import Conditioning, Plan, Rollout, Schedule
 
 
 @register("sampler", "independent")
@@ -37,7 +38,7 @@ class IndependentSampler(RolloutSampler):
         else:
             x = rng.randn(rollout_prompt, backbone.latent_shape, backbone.device)
         recorder = TrajectoryRecorder(plan, rollout_index=torch.arange(len(rollout_prompt)))
-        x = walk(backbone, x, cond.take(rollout_prompt), rollout_prompt, 0, plan, schedule, rng, recorder)
+        x = self.denoise(backbone, x, cond.take(rollout_prompt), rollout_prompt, plan, schedule, rng, recorder)
         return Rollout(
             prompts=list(prompts),
             cond=cond,
@@ -48,3 +49,18 @@ class IndependentSampler(RolloutSampler):
             nfe=backbone.nfe - nfe0,
             final_latents=x,
         )
+
+    def denoise(
+        self,
+        backbone: Backbone,
+        x: Tensor,
+        cond: Conditioning,
+        rollout_prompt: Tensor,
+        plan: Plan,
+        schedule: Schedule,
+        rng: RolloutRNG,
+        recorder: TrajectoryRecorder,
+    ) -> Tensor:
+        """Initial noise to final latents (one row per rollout): the plan's units as SDE steps, Euler ODE
+        elsewhere. Subclasses change how the trajectory is integrated (MixGRPO-Flash's coarse tail)."""
+        return walk(backbone, x, cond, rollout_prompt, 0, plan, schedule, rng, recorder)

@@ -101,4 +101,3 @@ def coarse_grid(num_steps: int, start: int, steps: int) -> list[int]:
         return list(range(start, num_steps + 1))
     picks = torch.linspace(start, num_steps, steps + 1, dtype=torch.float64).round().long().tolist()
     return sorted(set(int(i) for i in picks))
-

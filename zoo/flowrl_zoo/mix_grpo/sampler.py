@@ -9,7 +9,7 @@ import torch
 from attrs.validators import ge
 from torch import Tensor
 
-from flowrl import Backbone, Plan, Rollout, Schedule, register
+from flowrl import Backbone, Plan, Schedule, register
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.independent import IndependentSampler
 from flowrl.samplers.solvers import coarse_grid, solve
@@ -40,33 +40,21 @@ class MixGRPOFlashSampler(IndependentSampler):
         tail_solver: Literal["euler", "dpm_solver_2m"] = "dpm_solver_2m"  # ODE solver after the window
         tail_steps: int = attrs.field(default=0, validator=ge(0))  # intervals after the window; 0: full grid
 
-    def rollout(
-        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
-    ) -> Rollout:
-        sizes = torch.tensor(plan.sizes(len(prompts), self.config.group_size))
-        nfe0 = backbone.nfe
-        cond = backbone.encode(prompts)
-        rollout_prompt = torch.arange(len(prompts)).repeat_interleave(sizes)
-        if self.config.same_noise:
-            x = rng.randn(torch.arange(len(prompts)), backbone.latent_shape, backbone.device)
-            x = x.repeat_interleave(sizes.to(x.device), dim=0)
-        else:
-            x = rng.randn(rollout_prompt, backbone.latent_shape, backbone.device)
-        rows_cond = cond.take(rollout_prompt)
-        recorder = TrajectoryRecorder(plan, rollout_index=torch.arange(len(rollout_prompt)))
+    def denoise(
+        self,
+        backbone: Backbone,
+        x: Tensor,
+        cond: Conditioning,
+        rollout_prompt: Tensor,
+        plan: Plan,
+        schedule: Schedule,
+        rng: RolloutRNG,
+        recorder: TrajectoryRecorder,
+    ) -> Tensor:
+        """The full grid up to the end of the SDE window, then the coarse tail."""
         end = window_end(plan)
-        x = walk(backbone, x, rows_cond, rollout_prompt, 0, plan, schedule, rng, recorder, stop=end)
-        x = self.finish(backbone, x, rows_cond, schedule, end)
-        return Rollout(
-            prompts=list(prompts),
-            cond=cond,
-            images=backbone.decode(x),
-            rollout_prompt=rollout_prompt,
-            group=rollout_prompt.clone(),
-            transitions=recorder.transitions(),
-            nfe=backbone.nfe - nfe0,
-            final_latents=x,
-        )
+        x = walk(backbone, x, cond, rollout_prompt, 0, plan, schedule, rng, recorder, stop=end)
+        return self.finish(backbone, x, cond, schedule, end)
 
     def finish(self, backbone: Backbone, x: Tensor, cond: Conditioning, schedule: Schedule, start: int) -> Tensor:
         """Solve the ODE from grid step ``start`` to ``s = 0`` on the coarse tail grid."""
