@@ -15,6 +15,7 @@ import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
@@ -149,7 +150,9 @@ def _clip(spec: TinyFluxSpec, vocab_size: int) -> CLIPTextModel:
     return CLIPTextModel(config)
 
 
-def _t5(spec: TinyFluxSpec, vocab_size: int) -> T5EncoderModel:
+def tiny_t5(spec: Any, vocab_size: int) -> T5EncoderModel:
+    """A tiny T5 encoder from a spec's text fields (``joint_attention_dim``, ``text_hidden``,
+    ``text_layers``, ``text_heads``, ``max_length``); shared by the tiny FLUX and SD3 pipelines."""
     config = T5Config(
         vocab_size=vocab_size,
         d_model=spec.joint_attention_dim,
@@ -215,7 +218,7 @@ def tiny_flux_pipeline(spec: TinyFluxSpec, words: Sequence[str] | None = None, s
         _seed(seed, "text_encoder")
         text_encoder = _clip(spec, vocab_size)
         _seed(seed, "text_encoder_2")
-        text_encoder_2 = _t5(spec, vocab_size)
+        text_encoder_2 = tiny_t5(spec, vocab_size)
         vae = None
         if not spec.pixel_space:
             _seed(seed, "vae")

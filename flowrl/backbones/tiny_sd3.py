@@ -24,6 +24,7 @@ import torch
 from attrs.validators import ge, gt, in_
 
 from flowrl.backbones.sd3 import DTYPES, GRIDS, SD3Adapter
+from flowrl.backbones.tiny import tiny_t5
 from flowrl.backbones.tokenizer import BOS_ID, DEFAULT_WORDS, EOS_ID, PAD_ID, build_word_tokenizer
 from flowrl.registry import register
 
@@ -88,28 +89,6 @@ def _clip(width: int, spec: TinySD3Spec, vocab_size: int) -> Any:
     return CLIPTextModelWithProjection(config)
 
 
-def _t5(spec: TinySD3Spec, vocab_size: int) -> Any:
-    from transformers import T5Config, T5EncoderModel
-
-    config = T5Config(
-        vocab_size=vocab_size,
-        d_model=spec.joint_attention_dim,
-        d_kv=spec.joint_attention_dim // spec.text_heads,
-        d_ff=spec.text_hidden,
-        num_layers=spec.text_layers,
-        num_heads=spec.text_heads,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=spec.max_length,
-        feed_forward_proj="gated-gelu",
-        dropout_rate=0.0,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
-        decoder_start_token_id=PAD_ID,
-        tie_word_embeddings=False,
-    )
-    return T5EncoderModel(config)
-
-
 def _transformer(spec: TinySD3Spec) -> Any:
     from diffusers import SD3Transformer2DModel
 
@@ -171,7 +150,7 @@ def tiny_sd3_pipeline(spec: TinySD3Spec, words: Sequence[str] | None = None, see
             "transformer": lambda: _transformer(spec),
             "text_encoder": lambda: _clip(spec.clip_widths[0], spec, vocab),
             "text_encoder_2": lambda: _clip(spec.clip_widths[1], spec, vocab),
-            "text_encoder_3": lambda: _t5(spec, vocab),
+            "text_encoder_3": lambda: tiny_t5(spec, vocab),
             "vae": lambda: _vae(spec),
         }
         for name, build in builders.items():
