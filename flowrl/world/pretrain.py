@@ -51,15 +51,19 @@ positive: Any = gt(0)
 # -- the recipe --------------------------------------------------------------------------------------
 @attrs.frozen
 class ModelConfig:
-    """Sizes of the pixel-space tiny FLUX (the :class:`~flowrl.backbones.tiny.TinyFluxSpec` fields)."""
+    """Sizes of the pixel-space tiny FLUX (the :class:`~flowrl.backbones.tiny.TinyFluxSpec` fields).
+
+    The defaults here and in :class:`TrainConfig` are those of the shipped base model
+    (``recipes/pretrain/world.toml``).
+    """
 
     image_size: int = attrs.field(default=32, validator=positive)
     patch: int = attrs.field(default=4, validator=positive)  # pixels per token side: (32/4)^2 = 64 tokens
-    num_layers: int = attrs.field(default=1, validator=ge(0))  # double-stream blocks
+    num_layers: int = attrs.field(default=2, validator=ge(0))  # double-stream blocks
     num_single_layers: int = attrs.field(default=2, validator=ge(0))  # single-stream blocks
-    attention_head_dim: int = attrs.field(default=32, validator=positive)
-    num_attention_heads: int = attrs.field(default=3, validator=positive)  # width = heads x head dim
-    axes_dims_rope: tuple[int, int, int] = (4, 14, 14)  # must sum to attention_head_dim
+    attention_head_dim: int = attrs.field(default=16, validator=positive)
+    num_attention_heads: int = attrs.field(default=4, validator=positive)  # width = heads x head dim
+    axes_dims_rope: tuple[int, int, int] = (4, 6, 6)  # must sum to attention_head_dim
     joint_attention_dim: int = attrs.field(default=32, validator=positive)  # T5 width
     pooled_projection_dim: int = attrs.field(default=32, validator=positive)  # CLIP width
     text_hidden: int = attrs.field(default=64, validator=positive)  # text encoders' feed-forward width
@@ -76,9 +80,9 @@ class ModelConfig:
 class TrainConfig:
     """The optimisation (``[train]``)."""
 
-    steps: int = attrs.field(default=3000, validator=positive)  # optimizer steps
+    steps: int = attrs.field(default=4000, validator=positive)  # optimizer steps
     batch_size: int = attrs.field(default=64, validator=positive)
-    lr: float = attrs.field(default=3e-3, validator=positive)  # AdamW peak learning rate
+    lr: float = attrs.field(default=1e-3, validator=positive)  # AdamW peak learning rate
     weight_decay: float = attrs.field(default=0.01, validator=ge(0))
     warmup_steps: int = attrs.field(default=200, validator=ge(0))  # linear warm-up
     lr_schedule: Literal["constant", "cosine"] = attrs.field(default="cosine", validator=in_(("constant", "cosine")))
@@ -87,14 +91,14 @@ class TrainConfig:
     # noise level s: "uniform" on (0, 1) or "logit_normal" (sigmoid of N(logit_mean, logit_std^2)), then
     # shifted like the sampling grid, s <- k s / (1 + (k - 1) s) with k = timestep_shift (1: unchanged)
     timesteps: Literal["uniform", "logit_normal"] = attrs.field(
-        default="uniform", validator=in_(("uniform", "logit_normal"))
+        default="logit_normal", validator=in_(("uniform", "logit_normal"))
     )
     logit_mean: float = 0.0
     logit_std: float = attrs.field(default=1.0, validator=positive)
-    timestep_shift: float = attrs.field(default=3.0, validator=positive)
+    timestep_shift: float = attrs.field(default=1.0, validator=positive)
     train_text_encoders: bool = True  # train CLIP and T5 jointly with the transformer
-    ema_decay: float = attrs.field(default=0.995, validator=[ge(0), lt(1)])  # 0: no EMA; EMA weights are saved
-    pool_size: int = attrs.field(default=16384, validator=ge(0))  # images rendered once up front; 0: fresh each step
+    ema_decay: float = attrs.field(default=0.999, validator=[ge(0), lt(1)])  # 0: no EMA; EMA weights are saved
+    pool_size: int = attrs.field(default=32768, validator=ge(0))  # images rendered once up front; 0: fresh each step
     log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
     checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
     threads: int = attrs.field(default=1, validator=ge(0))  # torch.set_num_threads (0: leave as is)
