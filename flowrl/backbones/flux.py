@@ -55,24 +55,32 @@ def load_from_pretrained(pipeline_cls: Any, path: str, dtype: torch.dtype, **kwa
         ) from error
 
 
+def prepare_pipeline(load: Any, frozen: tuple[str, ...], dtype: torch.dtype) -> Any:
+    """Load a pipeline quietly (no progress bars), freeze the modules named in ``frozen`` (text encoders,
+    VAE; absent ones are skipped) and put the transformer in ``dtype``. Shared by the FLUX and SD3 adapters."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    pipe = load()
+    pipe.set_progress_bar_config(disable=True)
+    for name in frozen:
+        module = getattr(pipe, name, None)
+        if module is not None:
+            module.requires_grad_(False).eval()
+    if pipe.transformer.dtype != dtype:
+        pipe.transformer.to(dtype)
+    return pipe
+
+
 class FluxAdapter(Backbone):
     """Shared FLUX plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`)."""
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        from diffusers.utils import logging as diffusers_logging
-        from transformers.utils import logging as transformers_logging
-
-        diffusers_logging.disable_progress_bar()
-        transformers_logging.disable_progress_bar()
-        self.pipe = self.load_pipeline()
-        self.pipe.set_progress_bar_config(disable=True)
-        for module in (self.pipe.text_encoder, self.pipe.text_encoder_2, self.pipe.vae):
-            if module is not None:
-                module.requires_grad_(False).eval()
         self.dtype = DTYPES[config.dtype]
-        if self.pipe.transformer.dtype != self.dtype:
-            self.pipe.transformer.to(self.dtype)
+        self.pipe = prepare_pipeline(self.load_pipeline, ("text_encoder", "text_encoder_2", "vae"), self.dtype)
         self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
         self.device = torch.device("cpu")
         self.nfe = 0

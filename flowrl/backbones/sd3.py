@@ -19,7 +19,7 @@ import torch
 from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
-from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained
+from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
 from flowrl.interfaces import Backbone
 from flowrl.registry import register
 from flowrl.types import Conditioning
@@ -36,20 +36,9 @@ class SD3Adapter(Backbone):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        from diffusers.utils import logging as diffusers_logging
-        from transformers.utils import logging as transformers_logging
-
-        diffusers_logging.disable_progress_bar()
-        transformers_logging.disable_progress_bar()
-        self.pipe = self.load_pipeline()
-        self.pipe.set_progress_bar_config(disable=True)
-        for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
-            module = getattr(self.pipe, name, None)
-            if module is not None:
-                module.requires_grad_(False).eval()
         self.dtype = DTYPES[config.dtype]
-        if self.pipe.transformer.dtype != self.dtype:
-            self.pipe.transformer.to(self.dtype)
+        frozen = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+        self.pipe = prepare_pipeline(self.load_pipeline, frozen, self.dtype)
         self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
         self.device = torch.device("cpu")
         self.nfe = 0

@@ -72,8 +72,7 @@ class TinyFluxSpec:
             raise ValueError(f"axes_dims_rope must be three even numbers, got {self.axes_dims_rope}")
         if sum(self.axes_dims_rope) != self.attention_head_dim:
             raise ValueError(
-                f"axes_dims_rope {self.axes_dims_rope} must sum to "
-                f"attention_head_dim {self.attention_head_dim}"
+                f"axes_dims_rope {self.axes_dims_rope} must sum to attention_head_dim {self.attention_head_dim}"
             )
         for name in ("joint_attention_dim", "pooled_projection_dim"):
             if getattr(self, name) % self.text_heads:
@@ -172,7 +171,10 @@ def tiny_t5(spec: Any, vocab_size: int) -> T5EncoderModel:
     return T5EncoderModel(config)
 
 
-def _vae(spec: TinyFluxSpec) -> AutoencoderKL:
+def tiny_vae(spec: Any, scaling_factor: float = 1.0, shift_factor: float = 0.0) -> AutoencoderKL:
+    """A tiny AutoencoderKL from a spec's ``vae_block_out_channels``, ``latent_channels`` and ``image_size``;
+    shared by the tiny FLUX and SD3 pipelines (``shift_factor`` must not be None: the pipelines' decode adds
+    it)."""
     n = len(spec.vae_block_out_channels)
     return AutoencoderKL(
         in_channels=3,
@@ -184,8 +186,8 @@ def _vae(spec: TinyFluxSpec) -> AutoencoderKL:
         latent_channels=spec.latent_channels,
         norm_num_groups=min(4, *spec.vae_block_out_channels),
         sample_size=spec.image_size,
-        scaling_factor=1.0,
-        shift_factor=0.0,  # FluxPipeline's decode adds shift_factor; None would fail there
+        scaling_factor=scaling_factor,
+        shift_factor=shift_factor,
         use_quant_conv=False,
         use_post_quant_conv=False,
     )
@@ -222,7 +224,7 @@ def tiny_flux_pipeline(spec: TinyFluxSpec, words: Sequence[str] | None = None, s
         vae = None
         if not spec.pixel_space:
             _seed(seed, "vae")
-            vae = _vae(spec)
+            vae = tiny_vae(spec)
 
     scheduler = FlowMatchEulerDiscreteScheduler(shift=spec.shift, use_dynamic_shifting=False)
     pipe = FluxPipeline(
@@ -240,9 +242,7 @@ def tiny_flux_pipeline(spec: TinyFluxSpec, words: Sequence[str] | None = None, s
     return pipe
 
 
-def save_tiny_flux(
-    spec: TinyFluxSpec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0
-) -> Path:
+def save_tiny_flux(spec: TinyFluxSpec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0) -> Path:
     """Build :func:`tiny_flux_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

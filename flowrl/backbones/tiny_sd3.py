@@ -24,7 +24,7 @@ import torch
 from attrs.validators import ge, gt, in_
 
 from flowrl.backbones.sd3 import DTYPES, GRIDS, SD3Adapter
-from flowrl.backbones.tiny import tiny_t5
+from flowrl.backbones.tiny import tiny_t5, tiny_vae
 from flowrl.backbones.tokenizer import BOS_ID, DEFAULT_WORDS, EOS_ID, PAD_ID, build_word_tokenizer
 from flowrl.registry import register
 
@@ -110,27 +110,6 @@ def _transformer(spec: TinySD3Spec) -> Any:
     )
 
 
-def _vae(spec: TinySD3Spec) -> Any:
-    from diffusers import AutoencoderKL
-
-    n = len(spec.vae_block_out_channels)
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=spec.vae_block_out_channels,
-        layers_per_block=1,
-        latent_channels=spec.latent_channels,
-        norm_num_groups=min(4, *spec.vae_block_out_channels),
-        sample_size=spec.image_size,
-        scaling_factor=1.5305,  # SD3's values, so that decode's unscaling is exercised
-        shift_factor=0.0609,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
-
-
 def tiny_sd3_pipeline(spec: TinySD3Spec, words: Sequence[str] | None = None, seed: int = 0) -> Any:
     """A randomly initialised float32 ``StableDiffusion3Pipeline``; deterministic given ``seed``.
 
@@ -151,7 +130,8 @@ def tiny_sd3_pipeline(spec: TinySD3Spec, words: Sequence[str] | None = None, see
             "text_encoder": lambda: _clip(spec.clip_widths[0], spec, vocab),
             "text_encoder_2": lambda: _clip(spec.clip_widths[1], spec, vocab),
             "text_encoder_3": lambda: tiny_t5(spec, vocab),
-            "vae": lambda: _vae(spec),
+            # SD3's scaling and shift, so that decode's unscaling is exercised
+            "vae": lambda: tiny_vae(spec, scaling_factor=1.5305, shift_factor=0.0609),
         }
         for name, build in builders.items():
             torch.manual_seed(seed * 1000 + _SEED_OFFSETS[name])
