@@ -45,6 +45,12 @@ class TrainerConfig:
     max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
     gradient_checkpointing: bool = False
     torch_threads: int = attrs.field(default=0, validator=ge(0))  # CPU threads for torch; 0 keeps torch's default
+    # CUDA attention kernels (torch SDPA backends). "no-cudnn" (default): cuDNN's fused attention is off, because
+    # its backward failed on FLUX joint attention with torch 2.11 + CUDA 13 on an H200 (illegal memory access,
+    # NaN); flash / memory-efficient are used instead (docs/performance.md). "auto": torch's own choice.
+    attention_kernels: Literal["auto", "no-cudnn", "math", "efficient", "flash"] = attrs.field(
+        default="no-cudnn", validator=in_(("auto", "no-cudnn", "math", "efficient", "flash"))
+    )
 
 
 @attrs.frozen

@@ -8,7 +8,9 @@ trainer (``Trainer.iteration``) with bf16 weights, bf16 autocast (``trainer.mixe
 fp32 trainable weights and gradient checkpointing. Per model it prints the parameter count, the rollout
 throughput (transformer rows per second of rollout time; a CFG step is 2 rows), the mean iteration time
 (the first, warm-up iteration left out) and the peak memory (CUDA allocator peak, or the process's peak
-RSS on a CPU). It exits 1 if any loss or gradient norm is not finite.
+RSS on a CPU). Each case runs in its own process, so a CUDA fault in one leaves the others measurable; the
+script exits 1 if any case crashed or saw a non-finite reward, advantage, loss or gradient norm.
+``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,7 +84,7 @@ def mid_flux_class() -> type:
     return MidFlux
 
 
-def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int) -> dict[str, Any]:
+def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int, attention: str = "no-cudnn") -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": "gpu_check",
         "seed": 0,
@@ -103,6 +106,7 @@ def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int) -> dict
             "checkpoint_every": 0,
             "image_every": 0,
             "log_every": 1,
+            "attention_kernels": attention,
         },
     }
     if lora:
@@ -136,15 +140,20 @@ def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
     iter_s = sum(m["time/iteration_s"] for _, m in timed) / len(timed)
     nfe_per_s = sum(n for n, _ in timed) / sum(m["time/rollout_s"] for _, m in timed)
     peak_gb = max(m["mem/peak_mb"] for _, m in rows) / 1024
-    finite = all(math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) for _, m in rows)
+    watched = ("reward/total", "advantage/abs_mean", "loss", "grad_norm")
+    bad = sorted({key for _, m in rows for key in watched if not math.isfinite(m[key])})
+    finite = not bad and not any(m["skipped_steps"] for _, m in rows)
     print(
         f"{name:<10} {params / 1e6:9.1f}M  build {build_s:6.1f} s  rollout {nfe_per_s:8.1f} NFE/s  "
         f"iteration {iter_s:7.3f} s  peak {peak_gb:6.2f} GB  loss {rows[-1][1]['loss']:+.3e}  "
-        f"{'ok' if finite else 'NON-FINITE'}",
+        f"{'ok' if finite else 'NON-FINITE: ' + ', '.join(bad or ['skipped steps'])}",
         flush=True,
     )
     del trainer
     return finite
+
+
+NON_FINITE = 3  # a case's exit status when it ran but saw a non-finite value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny-only", action="store_true", help="skip the ~1B-parameter model")
     parser.add_argument("--iterations", type=int, default=3, help="training iterations per model (>= 2)")
+    parser.add_argument("--case", default=None, help="run this case only, in this process")
+    parser.add_argument(
+        "--attention",
+        choices=("auto", "no-cudnn", "math", "efficient", "flash"),
+        default="no-cudnn",
+        help="trainer.attention_kernels: the CUDA attention kernels allowed (auto: torch's choice, cuDNN included)",
+    )
     args = parser.parse_args(argv)
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer places everything on CUDA when it sees one
@@ -166,20 +182,38 @@ def main(argv: list[str] | None = None) -> int:
     import flowrl  # noqa: F401  (registers the built-in parts)
 
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    print(f"gpu_check on {where}: torch {torch.__version__}, bf16 autocast, gradient checkpointing")
+    if args.case is None:
+        print(
+            f"gpu_check on {where}: torch {torch.__version__}, bf16 autocast, gradient checkpointing, "
+            f"attention kernels {args.attention}"
+        )
     tiny = {"resolution": 32, "dtype": "bfloat16"}
+    att = args.attention
     cases = [
-        ("tiny_flux", recipe({"type": "tiny_flux", "pixel_space": False, **tiny}, lora=True, steps=8, group=4)),
-        ("tiny_sd3", recipe({"type": "tiny_sd3", "guidance_scale": 4.5, **tiny}, lora=False, steps=8, group=4)),
+        (
+            "tiny_flux",
+            recipe({"type": "tiny_flux", "pixel_space": False, **tiny}, lora=True, steps=8, group=4, attention=att),
+        ),
+        (
+            "tiny_sd3",
+            recipe({"type": "tiny_sd3", "guidance_scale": 4.5, **tiny}, lora=False, steps=8, group=4, attention=att),
+        ),
     ]
     if not args.tiny_only:
         mid_flux_class()  # defined here; the recipe names it by dotted path
         mid = {"type": "__main__:MidFlux", "build_device": args.device}
-        cases.append(("mid_flux", recipe(mid, lora=False, steps=8, group=4)))
+        cases.append(("mid_flux", recipe(mid, lora=False, steps=8, group=4, attention=att)))
+    if args.case is not None:
+        data = dict(cases)[args.case]
+        return 0 if run_case(args.case, data, max(2, args.iterations)) else NON_FINITE
     ok = True
-    for name, data in cases:
-        ok = run_case(name, data, max(2, args.iterations)) and ok
-    print("gpu_check:", "all finite" if ok else "NON-FINITE values seen")
+    for name, _ in cases:  # each case in its own process: a CUDA fault in one leaves the others measurable
+        command = [sys.executable, __file__, "--case", name, *(argv if argv is not None else sys.argv[1:])]
+        returncode = subprocess.run(command).returncode
+        if returncode not in (0, NON_FINITE):  # the row was not printed: the case crashed (traceback above)
+            print(f"{name:<10} FAILED (exit status {returncode})", flush=True)
+        ok = returncode == 0 and ok
+    print("gpu_check:", "all finite" if ok else "FAILED: a case crashed or saw non-finite values")
     return 0 if ok else 1
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import attrs
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT
@@ -17,14 +18,19 @@ import flowrl
 from flowrl.cli.main import main
 from flowrl.world import vocabulary
 from flowrl.world.components import BASE_MODEL
+from flowrl.world.grammar import sample_scenes, scene_split
 from flowrl.world.pretrain import (
     EvalConfig,
     Pretrainer,
     PretrainRecipe,
     build_backbone,
     load_pretrain_recipe,
+    miscaptioned,
     pretrain,
+    render_parallel,
+    training_device,
 )
+from flowrl.world.render import render_batch
 
 RECIPE = ROOT / "recipes" / "pretrain" / "world.toml"
 # A very small model and run: 2 pre-training steps per second or better on a shared CPU.
@@ -129,10 +135,38 @@ def test_shipped_base_model_loads_and_is_small() -> None:
 
 def _weights_only(recipe: PretrainRecipe) -> PretrainRecipe:
     """The recipe without the settings that cannot change the trained weights (logging, evaluation, I/O)."""
-    train = attrs.evolve(recipe.train, log_every=0, checkpoint_every=0, threads=0)
+    train = attrs.evolve(recipe.train, log_every=0, checkpoint_every=0, threads=0, device="cpu", render_workers=1)
     return attrs.evolve(recipe, output_dir="", train=train, eval=EvalConfig())
 
 
 def test_shipped_base_model_was_made_by_the_recipe() -> None:
     shipped = load_pretrain_recipe(BASE_MODEL / "pretrain.toml")
     assert _weights_only(shipped) == _weights_only(load_pretrain_recipe(RECIPE))
+
+
+def test_pool_rendered_by_several_processes_equals_one_pass() -> None:
+    scenes = sample_scenes("train", 40, 3)
+    assert np.array_equal(render_parallel(scenes, 3, 32, workers=3), render_batch(scenes, 3, 32))
+
+
+def test_miscaptioned_scenes_recolour_one_group_and_stay_in_train() -> None:
+    scenes = sample_scenes("train", 1000, 5)
+    assert miscaptioned(scenes, 0.0, 1) == scenes
+    assert miscaptioned(scenes, 0.5, 1) == miscaptioned(scenes, 0.5, 1)  # deterministic for a seed
+    changed = [(a, b) for a, b in zip(scenes, miscaptioned(scenes, 0.5, 1), strict=True) if a != b]
+    assert 0.4 < len(changed) / len(scenes) < 0.6
+    for caption, drawn in zip(scenes, miscaptioned(scenes, 1.0, 2), strict=True):
+        assert scene_split(drawn) == "train"  # never a held-out colour-shape pair in the images
+        assert drawn.relation == caption.relation and len(drawn.groups) == len(caption.groups)
+        diffs = [(g, h) for g, h in zip(caption.groups, drawn.groups, strict=True) if g != h]
+        assert len(diffs) == 1
+        ((g, h),) = diffs
+        assert g.colour != h.colour and (g.shape, g.count) == (h.shape, h.count)
+
+
+def test_training_device() -> None:
+    assert training_device("cpu").type == "cpu"
+    assert training_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="train.device = 'cuda'"):
+            training_device("cuda")

@@ -93,3 +93,31 @@ def test_multi_reward_names_must_differ() -> None:
     data["reward"][1]["name"] = "jpeg_b"
     recipe = recipe_from_dict(data)
     assert [r.weight for r in recipe.rewards] == [1.0, 0.5]
+
+
+def test_attention_kernels_setting() -> None:
+    import torch
+
+    from flowrl.trainer.support import allow_attention_kernels
+
+    assert recipe_from_dict(tiny_recipe()).trainer.attention_kernels == "no-cudnn"
+    data = tiny_recipe()
+    data["trainer"]["attention_kernels"] = "cudnn"
+    with pytest.raises(RecipeError, match=r"\[trainer.attention_kernels\]"):
+        recipe_from_dict(data)
+    cuda = torch.backends.cuda
+    before = (
+        cuda.cudnn_sdp_enabled(),
+        cuda.flash_sdp_enabled(),
+        cuda.mem_efficient_sdp_enabled(),
+        cuda.math_sdp_enabled(),
+    )
+    try:
+        allow_attention_kernels("math")
+        assert (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.math_sdp_enabled()) == (False, False, True)
+        allow_attention_kernels("no-cudnn")
+        assert not cuda.cudnn_sdp_enabled()
+    finally:
+        setters = (cuda.enable_cudnn_sdp, cuda.enable_flash_sdp, cuda.enable_mem_efficient_sdp, cuda.enable_math_sdp)
+        for enable, value in zip(setters, before, strict=True):
+            enable(value)

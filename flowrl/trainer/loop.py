@@ -33,7 +33,14 @@ from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import add_lora
-from flowrl.trainer.support import StopSignal, install_reference, peak_memory_mb, plan_scalars, seed_everything
+from flowrl.trainer.support import (
+    StopSignal,
+    allow_attention_kernels,
+    install_reference,
+    peak_memory_mb,
+    plan_scalars,
+    seed_everything,
+)
 from flowrl.trainer.update import StatsMean, forward_process_losses, transition_losses
 from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
@@ -62,6 +69,7 @@ class Trainer:
             torch.set_num_threads(self.cfg.torch_threads)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+            allow_attention_kernels(self.cfg.attention_kernels)
         # Rewards first: missing weights or extras fail before the backbone loads.
         self.rewards = reward_models(recipe)
         self.prompts = recipe.build("prompts")

@@ -19,6 +19,18 @@ from flowrl.trainer.update import no_reference
 from flowrl.types import Plan
 
 
+def allow_attention_kernels(which: str) -> None:
+    """Restrict torch's CUDA scaled-dot-product-attention kernels (``trainer.attention_kernels``)."""
+    if which == "auto":
+        return
+    cuda = torch.backends.cuda
+    cuda.enable_cudnn_sdp(False)
+    if which != "no-cudnn":
+        cuda.enable_flash_sdp(which == "flash")
+        cuda.enable_mem_efficient_sdp(which == "efficient")
+        cuda.enable_math_sdp(which == "math")
+
+
 class StopSignal:
     """SIGINT/SIGTERM end the current iteration, then the loop saves a checkpoint and returns."""
 

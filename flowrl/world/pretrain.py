@@ -44,6 +44,7 @@ from flowrl.backbones.tiny import TinyFluxSpec, tiny_flux_pipeline
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.recipe import RecipeError, _apply_override
 from flowrl.types import Conditioning
+from flowrl.world.grammar import COLOUR_NAMES, TRAIN_PAIRS, Scene
 
 positive: Any = gt(0)
 
@@ -98,10 +99,15 @@ class TrainConfig:
     timestep_shift: float = attrs.field(default=1.0, validator=positive)
     train_text_encoders: bool = True  # train CLIP and T5 jointly with the transformer
     ema_decay: float = attrs.field(default=0.999, validator=[ge(0), lt(1)])  # 0: no EMA; EMA weights are saved
+    # probability that an image is rendered for a miscaptioned scene (one group in another colour), as web
+    # alt-text is sometimes wrong: the base model then draws the named colour only part of the time
+    caption_noise: float = attrs.field(default=0.0, validator=[ge(0), le(1)])
     pool_size: int = attrs.field(default=32768, validator=ge(0))  # images rendered once up front; 0: fresh each step
     log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
     checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
     threads: int = attrs.field(default=1, validator=ge(0))  # torch.set_num_threads (0: leave as is)
+    device: Literal["cpu", "cuda", "auto"] = attrs.field(default="cpu", validator=in_(("cpu", "cuda", "auto")))
+    render_workers: int = attrs.field(default=1, validator=positive)  # processes rendering the pool (same pool)
 
 
 @attrs.frozen
@@ -237,6 +243,63 @@ def _swapped_in(params: list[tuple[str, torch.nn.Parameter]], shadow: dict[str, 
                 p.copy_(value)
 
 
+def training_device(name: str) -> torch.device:
+    """``train.device``: "auto" is CUDA when available, else the CPU; "cuda" without CUDA is an error."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device = 'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def miscaptioned(scenes: Sequence[Scene], rate: float, seed: int) -> list[Scene]:
+    """The scenes to draw for ``scenes``' captions: each, with probability ``rate``, has one group recoloured
+    (to a colour whose pair with the shape is a train pair and differs from the other group's)."""
+    rng = np.random.default_rng((seed, 0x6E6F))
+    drawn = list(scenes)
+    for k, scene in enumerate(scenes):
+        if rate == 0 or rng.random() >= rate:
+            continue
+        i = int(rng.integers(len(scene.groups)))
+        group = scene.groups[i]
+        taken = {g.pair for j, g in enumerate(scene.groups) if j != i}
+        colours = [
+            c
+            for c in COLOUR_NAMES
+            if c != group.colour and (c, group.shape) in TRAIN_PAIRS and (c, group.shape) not in taken
+        ]
+        groups = list(scene.groups)
+        groups[i] = attrs.evolve(group, colour=colours[int(rng.integers(len(colours)))])
+        drawn[k] = attrs.evolve(scene, groups=tuple(groups))
+    return drawn
+
+
+def render_parallel(scenes: Sequence[Any], seed: int, size: int, workers: int) -> np.ndarray:
+    """:func:`~flowrl.world.render.render_batch` split over ``workers`` processes: the same images (image ``i``
+    depends only on ``seed, i, scenes[i]``), in a fraction of the time."""
+    from flowrl.world.render import render_batch
+
+    if workers <= 1 or len(scenes) < 2 * workers:
+        return render_batch(scenes, seed, size)
+    import concurrent.futures
+    import multiprocessing
+
+    bounds = np.linspace(0, len(scenes), workers + 1).astype(int)
+    jobs = [(list(scenes[a:b]), seed, size, int(a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    methods = multiprocessing.get_all_start_methods()  # fork: workers need only numpy and PIL, no re-import
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        parts = list(pool.map(_render_part, jobs))
+    return np.concatenate(parts)
+
+
+def _render_part(job: tuple[list[Any], int, int, int]) -> np.ndarray:
+    from flowrl.world.render import render_batch
+
+    scenes, seed, size, start = job
+    return render_batch(scenes, seed, size, start)
+
+
 # -- the loop ----------------------------------------------------------------------------------------
 @attrs.define
 class PretrainResult:
@@ -264,6 +327,10 @@ class Pretrainer:
         torch.manual_seed(recipe.seed)
         self.generator = torch.Generator().manual_seed(recipe.seed)
         self.backbone = build_backbone(recipe.model, recipe.seed)
+        self.device = training_device(self.cfg.device)
+        if self.device.type != "cpu":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            self.backbone.to(self.device)
         pipe = self.backbone.pipe
         modules = [pipe.transformer]
         if self.cfg.train_text_encoders:
@@ -299,12 +366,12 @@ class Pretrainer:
     def render_pool(self) -> None:
         """Render ``pool_size`` train-split images once (sampled with kinds drawn uniformly)."""
         from flowrl.world.grammar import sample_scenes
-        from flowrl.world.render import render_batch
 
         n = self.cfg.pool_size
         scenes = sample_scenes("train", n, self.recipe.seed)
+        drawn = miscaptioned(scenes, self.cfg.caption_noise, self.recipe.seed)
         size = self.recipe.model.image_size
-        images = render_batch(scenes, self.recipe.seed, size)
+        images = render_parallel(drawn, self.recipe.seed, size, self.cfg.render_workers)
         self.pool = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
         self.pool_prompts = [s.text for s in scenes]
 
@@ -313,14 +380,16 @@ class Pretrainer:
         b = self.cfg.batch_size
         if self.pool is not None:
             index = torch.randint(len(self.pool), (b,), generator=self.generator)
-            return self.pool[index].float() / 255.0, [self.pool_prompts[int(i)] for i in index]
+            images = self.pool[index].to(self.device).float() / 255.0
+            return images, [self.pool_prompts[int(i)] for i in index]
         from flowrl.world.grammar import sample_scenes
         from flowrl.world.render import render_batch
 
         seed = self.recipe.seed * 1_000_003 + step + 1
         scenes = sample_scenes("train", b, seed)
-        images = render_batch(scenes, seed, self.recipe.model.image_size)
-        return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0, [s.text for s in scenes]
+        images = render_batch(miscaptioned(scenes, self.cfg.caption_noise, seed), seed, self.recipe.model.image_size)
+        pixels = torch.from_numpy(images).permute(0, 3, 1, 2).to(self.device).float() / 255.0
+        return pixels, [s.text for s in scenes]
 
     def encode(self, prompts: list[str]) -> Conditioning:
         """Prompt encodings with gradients into the text encoders (the adapter's cache is bypassed)."""
@@ -347,8 +416,8 @@ class Pretrainer:
     def loss(self, images: torch.Tensor, prompts: list[str], generator: torch.Generator) -> torch.Tensor:
         """The flow-matching loss ``|v_theta(x_s, s) - (eps - x0)|^2`` on one batch."""
         x0 = self.backbone.encode_images(images)
-        eps = torch.randn(x0.shape, generator=generator)
-        s = self.noise_levels(len(images), generator)
+        eps = torch.randn(x0.shape, generator=generator).to(x0.device)  # drawn on the CPU: same on any device
+        s = self.noise_levels(len(images), generator).to(x0.device)
         xs = (1 - s[:, None, None]) * x0 + s[:, None, None] * eps
         v = self.backbone.velocity(xs, s, self.encode(prompts))
         return torch.nn.functional.mse_loss(v, eps - x0)
@@ -408,8 +477,9 @@ class Pretrainer:
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar per text encoder
         try:
             with self.weights():
-                self.backbone.pipe.save_pretrained(folder, safe_serialization=True)
+                self.backbone.pipe.to("cpu").save_pretrained(folder, safe_serialization=True)
         finally:
+            self.backbone.pipe.to(self.device)
             if bars:
                 hf_logging.enable_progress_bar()
 

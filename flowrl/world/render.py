@@ -121,9 +121,10 @@ def render(scene: Scene, rng: np.random.Generator, size: int = 32) -> np.ndarray
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
-def render_batch(scenes: Sequence[Scene], seed: int, size: int = 32) -> np.ndarray:
-    """Render a batch as uint8 ``(B, size, size, 3)``; image ``i`` depends only on ``seed, i, scenes[i]``."""
+def render_batch(scenes: Sequence[Scene], seed: int, size: int = 32, start: int = 0) -> np.ndarray:
+    """Render a batch as uint8 ``(B, size, size, 3)``; image ``i`` depends only on ``seed, start + i, scenes[i]``
+    (so a batch rendered in parts, each with its ``start``, equals the batch rendered at once)."""
     out = np.empty((len(scenes), size, size, 3), dtype=np.uint8)
     for i, scene in enumerate(scenes):
-        out[i] = render(scene, np.random.default_rng((seed, i)), size)
+        out[i] = render(scene, np.random.default_rng((seed, start + i)), size)
     return out
