@@ -29,6 +29,8 @@ class TrainerConfig:
 
     max_steps: int = attrs.field(default=100, validator=positive)  # iterations (one optimizer step each)
     max_nfe: int = attrs.field(default=0, validator=ge(0))  # stop once rollouts used this many evaluations; 0: no limit
+    # stop after the iteration that ends this many minutes after `run` started (evaluations included); 0: no limit
+    max_minutes: float = attrs.field(default=0.0, validator=ge(0))
     prompts_per_step: int = attrs.field(default=4, validator=positive)  # prompts per iteration per process
     train_batch_size: int = attrs.field(default=64, validator=positive)  # transformer inputs per micro-batch
     inner_epochs: int = attrs.field(default=1, validator=positive)  # passes over each rollout batch

@@ -23,6 +23,7 @@ from flowrl.world.pretrain import (
     EvalConfig,
     Pretrainer,
     PretrainRecipe,
+    PretrainRecipeError,
     build_backbone,
     load_pretrain_recipe,
     miscaptioned,
@@ -73,6 +74,15 @@ def test_pretrain_saves_a_loadable_world_tiny(tmp_path: Path) -> None:
     assert images.shape == (2, 3, 32, 32)
     # the saved resolved recipe reproduces the one that ran
     assert load_pretrain_recipe(out / "pretrain.toml") == recipe
+    # a second stage starts from the saved weights (EMA included); a model of other sizes is refused
+    stage2 = Pretrainer(load_pretrain_recipe(RECIPE, [*SMALL, f"init={out}", "train.ema_decay=0.99"]), tmp_path / "s2")
+    saved = backbone.transformer.state_dict()
+    assert all(torch.equal(v, saved[k]) for k, v in stage2.backbone.transformer.state_dict().items())
+    assert stage2.ema is not None and all(
+        torch.equal(v, p.detach()) for (_, p), v in zip(stage2.params, stage2.ema.shadow.values(), strict=True)
+    )
+    with pytest.raises(PretrainRecipeError, match=r"\[init\] does not fit \[model\]: transformer"):
+        Pretrainer(load_pretrain_recipe(RECIPE, [*SMALL, f"init={out}", "model.num_layers=2"]), tmp_path / "s3")
 
 
 def test_loss_decreases_on_a_fixed_batch(tmp_path: Path) -> None:
@@ -104,6 +114,7 @@ def test_cli_pretrain_runs(tmp_path: Path) -> None:
         ("[modle]\nnum_layers = 1\n", "[modle] unknown key; did you mean 'model'?"),
         ("[model]\naxes_dims_rope = [4, 4, 4]\n", "[model] axes_dims_rope"),
         ("[train]\nlr = -1.0\n", "[train.lr]"),
+        ('init = "no/such/model"\n', "[init] no saved pipeline (model_index.json) in no/such/model"),
     ],
 )
 def test_bad_recipe_exits_2_with_one_line(

@@ -89,3 +89,11 @@ def test_options_run(tmp_path: Path, extra: dict) -> None:
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
     if "kl_beta" in extra.get("loss", {}):
         assert "kl" in rows[-1]
+
+
+def test_time_limit_stops_the_run_with_a_final_evaluation(tmp_path: Path) -> None:
+    """``trainer.max_minutes``: the iteration that ends past the limit is the last, and it is evaluated."""
+    recipe = recipe_from_dict(tiny_recipe(max_steps=1000, max_minutes=1e-9, eval_every=100))
+    rows = metrics(train(recipe, tmp_path / "run", quiet=True))
+    assert [r["step"] for r in rows] == [0, 1]  # the initial evaluation, then one iteration
+    assert "eval/score" in rows[-1]

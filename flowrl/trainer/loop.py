@@ -89,6 +89,8 @@ class Trainer:
         self.step = 0
         self.nfe = 0
         self.wall = 0.0
+        self.started = time.perf_counter()  # reset when run() starts; trainer.max_minutes counts from there
+        self.time_up = False
         self.bad_steps = 0
         self.skipped = 0
         if resume is not None:
@@ -139,6 +141,7 @@ class Trainer:
             disable=self.quiet or not self.accelerator.is_main_process,
         )
         stop = StopSignal()
+        self.started = time.perf_counter()
         try:
             if self.cfg.eval_every and self.step == 0:
                 self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **self.evaluate()})
@@ -163,8 +166,18 @@ class Trainer:
         return self.run_dir
 
     def finished(self) -> bool:
-        """The step limit or the NFE budget is reached."""
-        return self.step >= self.cfg.max_steps or bool(self.cfg.max_nfe and self.nfe >= self.cfg.max_nfe)
+        """The step limit, the NFE budget or the time limit is reached."""
+        budget = bool(self.cfg.max_nfe and self.nfe >= self.cfg.max_nfe)
+        return self.step >= self.cfg.max_steps or budget or self.time_up
+
+    def _time_is_up(self) -> bool:
+        """``trainer.max_minutes`` has passed since ``run`` started (the slowest process decides)."""
+        if not self.cfg.max_minutes:
+            return False
+        elapsed = torch.tensor([time.perf_counter() - self.started], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            elapsed = self.accelerator.reduce(elapsed, "max")
+        return float(elapsed) >= 60.0 * self.cfg.max_minutes
 
     def iteration(self) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -222,6 +235,7 @@ class Trainer:
             **reduce_metrics(self.accelerator, metrics),
             "skipped_steps": self.skipped,
         }
+        self.time_up = self._time_is_up()
         if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or self.finished()):
             metrics.update(self.evaluate())
         if self.cfg.log_every and self.step % self.cfg.log_every == 0:

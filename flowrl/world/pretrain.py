@@ -128,6 +128,9 @@ class PretrainRecipe:
     name: str = "world"
     seed: int = attrs.field(default=0, validator=ge(0))  # weights, data and noise
     output_dir: str = ""  # "": the shipped base model, flowrl/world/base_model/
+    # a saved world pipeline to start from (a second pre-training stage); "": random initialisation.
+    # A relative path is looked up from the current directory, then from the repository root.
+    init: str = ""
     model: ModelConfig = attrs.field(factory=ModelConfig)
     train: TrainConfig = attrs.field(factory=TrainConfig)
     eval: EvalConfig = attrs.field(factory=EvalConfig)
@@ -175,6 +178,8 @@ def pretrain_recipe_from_dict(
             recipe.model.spec()
         except ValueError as error:
             problems.append(("model", str(error)))
+        if recipe.init and not (resolve_folder(recipe.init) / "model_index.json").exists():
+            problems.append(("init", f"no saved pipeline (model_index.json) in {recipe.init}"))
     if problems or recipe is None:
         raise PretrainRecipeError(source, problems)
     return recipe
@@ -241,6 +246,28 @@ def _swapped_in(params: list[tuple[str, torch.nn.Parameter]], shadow: dict[str, 
         with torch.no_grad():
             for (_, p), value in zip(params, saved, strict=True):
                 p.copy_(value)
+
+
+def resolve_folder(path: str) -> Path:
+    """``path`` as given if it exists, else relative to the repository root (where ``flowrl/`` lives)."""
+    given = Path(path)
+    if given.exists() or given.is_absolute():
+        return given
+    return Path(__file__).resolve().parents[2] / given
+
+
+def load_initial_weights(backbone: FluxAdapter, init: str) -> None:
+    """Copy the transformer and text-encoder weights of the saved pipeline ``init`` into ``backbone``."""
+    from flowrl.backbones.tiny import load_tiny_flux
+
+    folder = resolve_folder(init)
+    saved = load_tiny_flux(folder)
+    for name in ("transformer", "text_encoder", "text_encoder_2"):
+        try:
+            getattr(backbone.pipe, name).load_state_dict(getattr(saved, name).state_dict())
+        except RuntimeError as error:
+            first = str(error).strip().splitlines()[-1].strip()
+            raise PretrainRecipeError(str(folder), [("init", f"does not fit [model]: {name}: {first}")]) from None
 
 
 def training_device(name: str) -> torch.device:
@@ -327,6 +354,8 @@ class Pretrainer:
         torch.manual_seed(recipe.seed)
         self.generator = torch.Generator().manual_seed(recipe.seed)
         self.backbone = build_backbone(recipe.model, recipe.seed)
+        if recipe.init:
+            load_initial_weights(self.backbone, recipe.init)
         self.device = training_device(self.cfg.device)
         if self.device.type != "cpu":
             torch.backends.cuda.matmul.allow_tf32 = True
