@@ -150,9 +150,14 @@ def _weights_only(recipe: PretrainRecipe) -> PretrainRecipe:
     return attrs.evolve(recipe, output_dir="", train=train, eval=EvalConfig())
 
 
-def test_shipped_base_model_was_made_by_the_recipe() -> None:
-    shipped = load_pretrain_recipe(BASE_MODEL / "pretrain.toml")
-    assert _weights_only(shipped) == _weights_only(load_pretrain_recipe(RECIPE))
+@pytest.mark.parametrize(
+    ("folder", "recipe"),
+    [(BASE_MODEL.with_name("base_model_clean"), "world_clean.toml"), (BASE_MODEL, "world.toml")],
+    ids=["stage1", "stage2"],
+)
+def test_shipped_base_model_was_made_by_the_recipe(folder: Path, recipe: str) -> None:
+    shipped = load_pretrain_recipe(folder / "pretrain.toml")
+    assert _weights_only(shipped) == _weights_only(load_pretrain_recipe(RECIPE.with_name(recipe)))
 
 
 def test_pool_rendered_by_several_processes_equals_one_pass() -> None:
