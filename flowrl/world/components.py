@@ -72,7 +72,7 @@ class WorldTiny(FluxFromPretrained):
 
     @attrs.frozen
     class Config:
-        path: str = ""  # empty: the shipped base model
+        path: str = ""  # empty: the shipped base model (stage 2); flowrl/world/base_model_clean: stage 1
         resolution: int = attrs.field(default=32, validator=gt(0))
         guidance: float = 3.5
         max_sequence_length: int = attrs.field(default=16, validator=gt(0))
@@ -83,7 +83,7 @@ class WorldTiny(FluxFromPretrained):
             if not (BASE_MODEL / "model_index.json").exists():
                 raise FileNotFoundError(
                     f"the shipped base model is missing at {BASE_MODEL}; regenerate it with "
-                    "`flowrl pretrain recipes/pretrain/world.toml` (docs/world.md)"
+                    "`flowrl pretrain recipes/pretrain/world.toml` (stage 2, from base_model_clean; docs/world.md)"
                 )
             self.config = attrs.evolve(self.config, path=str(BASE_MODEL))
         return super().load_pipeline()

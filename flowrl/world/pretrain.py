@@ -10,9 +10,11 @@ on ``v = eps - x0`` (mean squared error). The transformer is called through
 cannot drift. The text encoders (CLIP pooled vector, T5 tokens) train jointly by default; their
 encodings are computed with gradients here, never through the adapter's prompt cache.
 
-A pre-training recipe is a small TOML file of its own (``recipes/pretrain/world.toml``)::
+A pre-training recipe is a small TOML file of its own (``recipes/pretrain/world_clean.toml``, stage 1 from
+random weights; ``recipes/pretrain/world.toml``, stage 2 from stage 1's output)::
 
-    name, seed, output_dir          top level ("" output_dir: the shipped flowrl/world/base_model)
+    name, seed, output_dir, init    top level ("" output_dir: the shipped flowrl/world/base_model;
+                                    init: a saved world pipeline to start from)
     [model]   TinyFluxSpec sizes    (pixel space; see :class:`ModelConfig`)
     [train]   steps, batch, AdamW, noise-level distribution, EMA, data pool (:class:`TrainConfig`)
     [eval]    held-out / train verifier scores with the ODE sampler (:class:`EvalConfig`)
@@ -54,8 +56,8 @@ positive: Any = gt(0)
 class ModelConfig:
     """Sizes of the pixel-space tiny FLUX (the :class:`~flowrl.backbones.tiny.TinyFluxSpec` fields).
 
-    The defaults here and in :class:`TrainConfig` are those of the shipped base model
-    (``recipes/pretrain/world.toml``).
+    The defaults here and in :class:`TrainConfig` are those of stage 1 of the shipped base model
+    (``recipes/pretrain/world_clean.toml``).
     """
 
     image_size: int = attrs.field(default=32, validator=positive)
