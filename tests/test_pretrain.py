@@ -33,7 +33,7 @@ from flowrl.world.pretrain import (
 )
 from flowrl.world.render import render_batch
 
-RECIPE = ROOT / "recipes" / "pretrain" / "world.toml"
+RECIPE = ROOT / "recipes" / "pretrain" / "world_clean.toml"  # stage 1: from random weights
 # A very small model and run: 2 pre-training steps per second or better on a shared CPU.
 SMALL = [
     "model.num_layers=1",

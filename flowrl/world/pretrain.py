@@ -418,8 +418,8 @@ class Pretrainer:
 
         seed = self.recipe.seed * 1_000_003 + step + 1
         scenes = sample_scenes("train", b, seed)
-        images = render_batch(miscaptioned(scenes, self.cfg.caption_noise, seed), seed, self.recipe.model.image_size)
-        pixels = torch.from_numpy(images).permute(0, 3, 1, 2).to(self.device).float() / 255.0
+        drawn = render_batch(miscaptioned(scenes, self.cfg.caption_noise, seed), seed, self.recipe.model.image_size)
+        pixels = torch.from_numpy(drawn).permute(0, 3, 1, 2).to(self.device).float() / 255.0
         return pixels, [s.text for s in scenes]
 
     def encode(self, prompts: list[str]) -> Conditioning:
