@@ -155,6 +155,7 @@ def test_options() -> None:
             parse_seeds(bad)
     items = bench_overrides(3, 500, 2, None)
     assert {"seed=3", "trainer.max_nfe=500", "trainer.eval_every=2", "trainer.checkpoint_every=0"} <= set(items)
+    assert "trainer.max_minutes=0" in items  # recipes/flow_grpo.toml's 10-minute limit must not cut a bench run
 
 
 def test_resume_decisions(tmp_path: Path) -> None:

@@ -52,6 +52,7 @@ def bench_overrides(seed: int, nfe_budget: int, eval_every: int, eval_prompts: i
         f"trainer.max_nfe={nfe_budget}",
         # Every iteration costs at least one NFE, so the budget also bounds the iterations; it stops first.
         f"trainer.max_steps={nfe_budget}",
+        "trainer.max_minutes=0",  # equal NFE, not equal time: a recipe's time limit would cut a run short
         f"trainer.eval_every={eval_every}",
         "trainer.checkpoint_every=0",
         "trainer.image_every=0",
