@@ -132,12 +132,14 @@ def _transformer(spec: TinyFluxSpec) -> FluxTransformer2DModel:
     )
 
 
-def _clip(spec: TinyFluxSpec, vocab_size: int) -> CLIPTextModel:
-    config = CLIPTextConfig(
+def tiny_clip_config(spec: Any, width: int, vocab_size: int) -> CLIPTextConfig:
+    """A tiny CLIP text config of ``width`` from a spec's text fields (``text_hidden``, ``text_layers``,
+    ``text_heads``, ``max_length``); shared by the tiny FLUX and SD3 pipelines."""
+    return CLIPTextConfig(
         vocab_size=vocab_size,
-        hidden_size=spec.pooled_projection_dim,
+        hidden_size=width,
         intermediate_size=spec.text_hidden,
-        projection_dim=spec.pooled_projection_dim,
+        projection_dim=width,
         num_hidden_layers=spec.text_layers,
         num_attention_heads=spec.text_heads,
         max_position_embeddings=spec.max_length,
@@ -146,7 +148,6 @@ def _clip(spec: TinyFluxSpec, vocab_size: int) -> CLIPTextModel:
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,  # pooled output = hidden state at the first </s>
     )
-    return CLIPTextModel(config)
 
 
 def tiny_t5(spec: Any, vocab_size: int) -> T5EncoderModel:
@@ -218,7 +219,7 @@ def tiny_flux_pipeline(spec: TinyFluxSpec, words: Sequence[str] | None = None, s
         _seed(seed, "transformer")
         transformer = _transformer(spec)
         _seed(seed, "text_encoder")
-        text_encoder = _clip(spec, vocab_size)
+        text_encoder = CLIPTextModel(tiny_clip_config(spec, spec.pooled_projection_dim, vocab_size))
         _seed(seed, "text_encoder_2")
         text_encoder_2 = tiny_t5(spec, vocab_size)
         vae = None

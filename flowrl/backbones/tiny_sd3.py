@@ -24,8 +24,8 @@ import torch
 from attrs.validators import ge, gt, in_
 
 from flowrl.backbones.sd3 import DTYPES, GRIDS, SD3Adapter
-from flowrl.backbones.tiny import tiny_t5, tiny_vae
-from flowrl.backbones.tokenizer import BOS_ID, DEFAULT_WORDS, EOS_ID, PAD_ID, build_word_tokenizer
+from flowrl.backbones.tiny import tiny_clip_config, tiny_t5, tiny_vae
+from flowrl.backbones.tokenizer import DEFAULT_WORDS, build_word_tokenizer
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "text_encoder_3": 3, "vae": 4}
@@ -71,22 +71,9 @@ class TinySD3Spec:
 
 
 def _clip(width: int, spec: TinySD3Spec, vocab_size: int) -> Any:
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+    from transformers import CLIPTextModelWithProjection
 
-    config = CLIPTextConfig(
-        vocab_size=vocab_size,
-        hidden_size=width,
-        intermediate_size=spec.text_hidden,
-        projection_dim=width,
-        num_hidden_layers=spec.text_layers,
-        num_attention_heads=spec.text_heads,
-        max_position_embeddings=spec.max_length,
-        hidden_act="quick_gelu",
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-    )
-    return CLIPTextModelWithProjection(config)
+    return CLIPTextModelWithProjection(tiny_clip_config(spec, width, vocab_size))
 
 
 def _transformer(spec: TinySD3Spec) -> Any:
