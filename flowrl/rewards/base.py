@@ -126,6 +126,17 @@ class ModelReward(RewardModel):
     def device(self) -> torch.device:
         return self._device or torch.device("cpu")
 
+    def check_prompts(self, images: Tensor, prompts: list[str]) -> None:
+        """One prompt per image, or ``ValueError``."""
+        if len(prompts) != images.shape[0]:
+            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
+
+    def batches(self, images: Tensor, prompts: list[str], size: int) -> list[slice]:
+        """After :meth:`check_prompts`, slices of at most ``size`` rows covering the batch."""
+        self.check_prompts(images, prompts)
+        n = images.shape[0]
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
     def rescale(self, raw: Tensor) -> Tensor:
         """``(raw - offset) * scale`` (the papers' conventions; identity by default)."""
         return ((raw.float() - self.config.offset) * self.config.scale).cpu()

@@ -112,10 +112,6 @@ def text_embeddings(bundle: ClipBundle, prompts: list[str], device: torch.device
     return torch.nn.functional.normalize(bundle.model.text_projection(out.pooler_output).float(), dim=-1)
 
 
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
 class _ClipReward(ModelReward):
     """Shared loading and batching of the CLIP rewards."""
 
@@ -133,10 +129,9 @@ class _ClipReward(ModelReward):
 
     @torch.no_grad()
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        if len(prompts) != images.shape[0]:
-            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
+        chunks = self.batches(images, prompts, self.config.batch_size)
         bundle = self.model(images)
-        parts = [self.raw(bundle, images[s], prompts[s]) for s in _chunks(images.shape[0], self.config.batch_size)]
+        parts = [self.raw(bundle, images[s], prompts[s]) for s in chunks]
         return self.rescale(torch.cat(parts) if parts else torch.zeros(0))
 
 

@@ -151,15 +151,13 @@ class HPSv2(ModelReward):
 
     @torch.no_grad()
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        if len(prompts) != images.shape[0]:
-            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
+        chunks = self.batches(images, prompts, self.config.batch_size)
         model = self.model(images)
         device = self.device
         out = []
-        for start in range(0, images.shape[0], self.config.batch_size):
-            stop = start + self.config.batch_size
-            pixels = self._preprocess(images[start:stop].to(device))
-            text = self._tokenizer(list(prompts[start:stop])).to(device)
+        for part in chunks:
+            pixels = self._preprocess(images[part].to(device))
+            text = self._tokenizer(list(prompts[part])).to(device)
             dtype = AUTOCAST.get(self.config.dtype)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None and device.type == "cuda"):
                 features = model(pixels, text)

@@ -94,8 +94,7 @@ class OcrReward(ModelReward):
         return "".join(str(line[1]) for line in lines if float(line[2]) > self.config.min_confidence)
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        if len(prompts) != images.shape[0]:
-            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
+        self.check_prompts(images, prompts)
         scores = []
         for image, prompt in zip(to_uint8(images), prompts, strict=True):
             target = quoted_text(prompt)
