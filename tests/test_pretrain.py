@@ -163,6 +163,9 @@ def test_shipped_base_model_was_made_by_the_recipe(folder: Path, recipe: str) ->
 def test_pool_rendered_by_several_processes_equals_one_pass() -> None:
     scenes = sample_scenes("train", 40, 3)
     assert np.array_equal(render_parallel(scenes, 3, 32, workers=3), render_batch(scenes, 3, 32))
+    on_cells = render_parallel(scenes, 3, 32, workers=2, grid=4)
+    assert np.array_equal(on_cells, render_batch(scenes, 3, 32, grid=4))
+    assert not np.array_equal(on_cells, render_batch(scenes, 3, 32))
 
 
 def test_miscaptioned_scenes_recolour_one_group_and_stay_in_train() -> None:
@@ -178,6 +181,14 @@ def test_miscaptioned_scenes_recolour_one_group_and_stay_in_train() -> None:
         assert len(diffs) == 1
         ((g, h),) = diffs
         assert g.colour != h.colour and (g.shape, g.count) == (h.shape, h.count)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda_is_a_recipe_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pretrain", str(RECIPE), "--set", "train.device=cuda", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and "[train.device] 'cuda' but torch sees no CUDA device" in err
+    assert not any(tmp_path.iterdir())  # stopped before any work
 
 
 def test_training_device() -> None:

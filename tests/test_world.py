@@ -31,7 +31,7 @@ from flowrl.world import (
     verify,
     vocabulary,
 )
-from flowrl.world.render import background
+from flowrl.world.render import background, layout, relation_holds
 
 N_EVAL = 500
 
@@ -174,6 +174,32 @@ def test_render_is_deterministic() -> None:
     one = render(sc[0], np.random.default_rng(3))
     np.testing.assert_array_equal(one, render(sc[0], np.random.default_rng(3)))
     assert render(sc[0], np.random.default_rng(3), size=48).shape == (48, 48, 3)
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_lattice_layout_puts_objects_on_cells(size: int) -> None:
+    cell = 4 * size // 32
+    rng = np.random.default_rng(5)
+    for scene in sample_scenes("train", 300, seed=6):
+        placed = layout(scene, rng, size, grid=4)
+        boxes = [box for _, _, box in placed]
+        for x0, y0, w, h in boxes:
+            assert x0 % cell == 0 and y0 % cell == 0 and w == h and w in (2 * cell, 3 * cell)
+            assert x0 >= 0 and y0 >= 0 and x0 + w <= size and y0 + h <= size
+        for i, a in enumerate(boxes):  # at least one empty cell between any two objects
+            for b in boxes[i + 1 :]:
+                apart_x = a[0] + a[2] + cell <= b[0] or b[0] + b[2] + cell <= a[0]
+                assert apart_x or a[1] + a[3] + cell <= b[1] or b[1] + b[3] + cell <= a[1]
+        if scene.relation is not None:
+            rel = scene.relation
+            assert relation_holds(rel.relation, boxes[rel.subject], boxes[rel.object], 3.0 * size / 32)
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_lattice_ground_truth_is_verified(split: str) -> None:
+    sc = sample_scenes(split, 300, seed=30)
+    scores, strict = score_batch(render_batch(sc, seed=31, grid=4), sc)
+    assert strict.mean() >= 0.99 and scores.mean() >= 0.995
 
 
 def test_backgrounds_are_far_from_object_colours() -> None:

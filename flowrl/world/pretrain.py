@@ -104,6 +104,8 @@ class TrainConfig:
     # probability that an image is rendered for a miscaptioned scene (one group in another colour), as web
     # alt-text is sometimes wrong: the base model then draws the named colour only part of the time
     caption_noise: float = attrs.field(default=0.0, validator=[ge(0), le(1)])
+    # objects on a lattice of this many pixels (at 32 px; 4 = the model's token size), 2-3 cells wide; 0: anywhere
+    object_grid: float = attrs.field(default=0.0, validator=ge(0))
     pool_size: int = attrs.field(default=32768, validator=ge(0))  # images rendered once up front; 0: fresh each step
     log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
     checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
@@ -182,6 +184,8 @@ def pretrain_recipe_from_dict(
             problems.append(("model", str(error)))
         if recipe.init and not (resolve_folder(recipe.init) / "model_index.json").exists():
             problems.append(("init", f"no saved pipeline (model_index.json) in {recipe.init}"))
+        if recipe.train.device == "cuda" and not torch.cuda.is_available():
+            problems.append(("train.device", "'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'"))
     if problems or recipe is None:
         raise PretrainRecipeError(source, problems)
     return recipe
@@ -303,18 +307,18 @@ def miscaptioned(scenes: Sequence[Scene], rate: float, seed: int) -> list[Scene]
     return drawn
 
 
-def render_parallel(scenes: Sequence[Any], seed: int, size: int, workers: int) -> np.ndarray:
+def render_parallel(scenes: Sequence[Any], seed: int, size: int, workers: int, grid: float = 0.0) -> np.ndarray:
     """:func:`~flowrl.world.render.render_batch` split over ``workers`` processes: the same images (image ``i``
     depends only on ``seed, i, scenes[i]``), in a fraction of the time."""
     from flowrl.world.render import render_batch
 
     if workers <= 1 or len(scenes) < 2 * workers:
-        return render_batch(scenes, seed, size)
+        return render_batch(scenes, seed, size, grid=grid)
     import concurrent.futures
     import multiprocessing
 
     bounds = np.linspace(0, len(scenes), workers + 1).astype(int)
-    jobs = [(list(scenes[a:b]), seed, size, int(a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    jobs = [(list(scenes[a:b]), seed, size, int(a), grid) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     methods = multiprocessing.get_all_start_methods()  # fork: workers need only numpy and PIL, no re-import
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
@@ -322,11 +326,11 @@ def render_parallel(scenes: Sequence[Any], seed: int, size: int, workers: int) -
     return np.concatenate(parts)
 
 
-def _render_part(job: tuple[list[Any], int, int, int]) -> np.ndarray:
+def _render_part(job: tuple[list[Any], int, int, int, float]) -> np.ndarray:
     from flowrl.world.render import render_batch
 
-    scenes, seed, size, start = job
-    return render_batch(scenes, seed, size, start)
+    scenes, seed, size, start, grid = job
+    return render_batch(scenes, seed, size, start, grid)
 
 
 # -- the loop ----------------------------------------------------------------------------------------
@@ -402,7 +406,7 @@ class Pretrainer:
         scenes = sample_scenes("train", n, self.recipe.seed)
         drawn = miscaptioned(scenes, self.cfg.caption_noise, self.recipe.seed)
         size = self.recipe.model.image_size
-        images = render_parallel(drawn, self.recipe.seed, size, self.cfg.render_workers)
+        images = render_parallel(drawn, self.recipe.seed, size, self.cfg.render_workers, self.cfg.object_grid)
         self.pool = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
         self.pool_prompts = [s.text for s in scenes]
 
@@ -418,7 +422,8 @@ class Pretrainer:
 
         seed = self.recipe.seed * 1_000_003 + step + 1
         scenes = sample_scenes("train", b, seed)
-        drawn = render_batch(miscaptioned(scenes, self.cfg.caption_noise, seed), seed, self.recipe.model.image_size)
+        noisy = miscaptioned(scenes, self.cfg.caption_noise, seed)
+        drawn = render_batch(noisy, seed, self.recipe.model.image_size, grid=self.cfg.object_grid)
         pixels = torch.from_numpy(drawn).permute(0, 3, 1, 2).to(self.device).float() / 255.0
         return pixels, [s.text for s in scenes]
 
