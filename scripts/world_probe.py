@@ -3,7 +3,7 @@
     python scripts/world_probe.py                                  # the shipped base model
     python scripts/world_probe.py flowrl/world/base_model_clean --grid 4
 
-For 32 train-split images (rendered with ``--grid``, see ``train.object_grid``) noised to each level ``s``,
+For 32 train-split images (objects on ``--grid`` cells if given, as ``train.object_grid``) noised to each level ``s``,
 it prints the mean squared error of the model's clean-image estimate ``x_s - s v`` (and the images'
 variance, the error of knowing nothing), then adds unit Gaussian noise to one token (row 3, column 3)
 and reports the mean absolute change of the predicted velocity on that token, on its 8 neighbours, on
@@ -19,7 +19,7 @@ import torch
 
 from flowrl.world.components import WorldTiny
 from flowrl.world.grammar import sample_scenes
-from flowrl.world.render import render_batch
+from flowrl.world.render import Lattice, render_batch
 
 PROBED = (3, 3)
 
@@ -34,7 +34,8 @@ def main() -> None:
     torch.manual_seed(0)
     backbone = WorldTiny(WorldTiny.Config(path=args.path))
     scenes = sample_scenes("train", 32, 5)
-    images = torch.from_numpy(render_batch(scenes, 1, grid=args.grid)).permute(0, 3, 1, 2).float() / 255
+    lattice = Lattice(args.grid) if args.grid else None
+    images = torch.from_numpy(render_batch(scenes, 1, lattice=lattice)).permute(0, 3, 1, 2).float() / 255
     x0 = backbone.encode_images(images)
     cond = backbone.encode([s.text for s in scenes])
     side = backbone.latent_grid()

@@ -31,7 +31,7 @@ from flowrl.world.pretrain import (
     render_parallel,
     training_device,
 )
-from flowrl.world.render import render_batch
+from flowrl.world.render import Lattice, render_batch
 
 RECIPE = ROOT / "recipes" / "pretrain" / "world_clean.toml"  # stage 1: from random weights
 # A very small model and run: 2 pre-training steps per second or better on a shared CPU.
@@ -114,6 +114,7 @@ def test_cli_pretrain_runs(tmp_path: Path) -> None:
         ("[modle]\nnum_layers = 1\n", "[modle] unknown key; did you mean 'model'?"),
         ("[model]\naxes_dims_rope = [4, 4, 4]\n", "[model] axes_dims_rope"),
         ("[train]\nlr = -1.0\n", "[train.lr]"),
+        ("[train]\nobject_cells = [3, 2]\n", "[train.object_cells]"),
         ('init = "no/such/model"\n', "[init] no saved pipeline (model_index.json) in no/such/model"),
     ],
 )
@@ -163,8 +164,8 @@ def test_shipped_base_model_was_made_by_the_recipe(folder: Path, recipe: str) ->
 def test_pool_rendered_by_several_processes_equals_one_pass() -> None:
     scenes = sample_scenes("train", 40, 3)
     assert np.array_equal(render_parallel(scenes, 3, 32, workers=3), render_batch(scenes, 3, 32))
-    on_cells = render_parallel(scenes, 3, 32, workers=2, grid=4)
-    assert np.array_equal(on_cells, render_batch(scenes, 3, 32, grid=4))
+    on_cells = render_parallel(scenes, 3, 32, workers=2, lattice=Lattice(4))
+    assert np.array_equal(on_cells, render_batch(scenes, 3, 32, lattice=Lattice(4)))
     assert not np.array_equal(on_cells, render_batch(scenes, 3, 32))
 
 

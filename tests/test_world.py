@@ -31,7 +31,7 @@ from flowrl.world import (
     verify,
     vocabulary,
 )
-from flowrl.world.render import background, layout, relation_holds
+from flowrl.world.render import Lattice, background, layout, relation_holds
 
 N_EVAL = 500
 
@@ -176,15 +176,16 @@ def test_render_is_deterministic() -> None:
     assert render(sc[0], np.random.default_rng(3), size=48).shape == (48, 48, 3)
 
 
-@pytest.mark.parametrize("size", [32, 64])
-def test_lattice_layout_puts_objects_on_cells(size: int) -> None:
-    cell = 4 * size // 32
+@pytest.mark.parametrize(("size", "lattice"), [(32, Lattice(4)), (64, Lattice(4)), (32, Lattice(8, (1, 1)))])
+def test_lattice_layout_puts_objects_on_cells(size: int, lattice: Lattice) -> None:
+    cell = lattice.cell * size / 32
+    widths = [k * cell for k in range(lattice.cells[0], lattice.cells[1] + 1)]
     rng = np.random.default_rng(5)
     for scene in sample_scenes("train", 300, seed=6):
-        placed = layout(scene, rng, size, grid=4)
+        placed = layout(scene, rng, size, lattice)
         boxes = [box for _, _, box in placed]
         for x0, y0, w, h in boxes:
-            assert x0 % cell == 0 and y0 % cell == 0 and w == h and w in (2 * cell, 3 * cell)
+            assert x0 % cell == 0 and y0 % cell == 0 and w == h and w in widths
             assert x0 >= 0 and y0 >= 0 and x0 + w <= size and y0 + h <= size
         for i, a in enumerate(boxes):  # at least one empty cell between any two objects
             for b in boxes[i + 1 :]:
@@ -195,10 +196,11 @@ def test_lattice_layout_puts_objects_on_cells(size: int) -> None:
             assert relation_holds(rel.relation, boxes[rel.subject], boxes[rel.object], 3.0 * size / 32)
 
 
+@pytest.mark.parametrize("lattice", [Lattice(4), Lattice(8, (1, 1))])
 @pytest.mark.parametrize("split", SPLITS)
-def test_lattice_ground_truth_is_verified(split: str) -> None:
+def test_lattice_ground_truth_is_verified(split: str, lattice: Lattice) -> None:
     sc = sample_scenes(split, 300, seed=30)
-    scores, strict = score_batch(render_batch(sc, seed=31, grid=4), sc)
+    scores, strict = score_batch(render_batch(sc, seed=31, lattice=lattice), sc)
     assert strict.mean() >= 0.99 and scores.mean() >= 0.995
 
 

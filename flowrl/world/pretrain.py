@@ -47,6 +47,7 @@ from flowrl.config import ConfigError, structure, unstructure
 from flowrl.recipe import RecipeError, _apply_override
 from flowrl.types import Conditioning
 from flowrl.world.grammar import COLOUR_NAMES, TRAIN_PAIRS, Scene
+from flowrl.world.render import Lattice
 
 positive: Any = gt(0)
 
@@ -79,6 +80,11 @@ class ModelConfig:
         return TinyFluxSpec(pixel_space=True, guidance_embeds=False, **attrs.asdict(self))
 
 
+def _cell_range(_: Any, attribute: Any, value: tuple[int, int]) -> None:
+    if not 1 <= value[0] <= value[1]:
+        raise ValueError(f"{attribute.name} must be [min, max] with 1 <= min <= max, got {list(value)}")
+
+
 @attrs.frozen
 class TrainConfig:
     """The optimisation (``[train]``)."""
@@ -104,8 +110,12 @@ class TrainConfig:
     # probability that an image is rendered for a miscaptioned scene (one group in another colour), as web
     # alt-text is sometimes wrong: the base model then draws the named colour only part of the time
     caption_noise: float = attrs.field(default=0.0, validator=[ge(0), le(1)])
-    # objects on a lattice of this many pixels (at 32 px; 4 = the model's token size), 2-3 cells wide; 0: anywhere
+    # objects on a lattice of this many pixels (at 32 px; 4 = the model's token size); 0: anywhere
     object_grid: float = attrs.field(default=0.0, validator=ge(0))
+    object_cells: tuple[int, int] = attrs.field(default=(2, 3), validator=_cell_range)  # cells per object side
+
+    def lattice(self) -> Lattice | None:
+        return Lattice(self.object_grid, self.object_cells) if self.object_grid else None
     pool_size: int = attrs.field(default=32768, validator=ge(0))  # images rendered once up front; 0: fresh each step
     log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
     checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
@@ -307,18 +317,20 @@ def miscaptioned(scenes: Sequence[Scene], rate: float, seed: int) -> list[Scene]
     return drawn
 
 
-def render_parallel(scenes: Sequence[Any], seed: int, size: int, workers: int, grid: float = 0.0) -> np.ndarray:
+def render_parallel(
+    scenes: Sequence[Any], seed: int, size: int, workers: int, lattice: Lattice | None = None
+) -> np.ndarray:
     """:func:`~flowrl.world.render.render_batch` split over ``workers`` processes: the same images (image ``i``
     depends only on ``seed, i, scenes[i]``), in a fraction of the time."""
     from flowrl.world.render import render_batch
 
     if workers <= 1 or len(scenes) < 2 * workers:
-        return render_batch(scenes, seed, size, grid=grid)
+        return render_batch(scenes, seed, size, lattice=lattice)
     import concurrent.futures
     import multiprocessing
 
     bounds = np.linspace(0, len(scenes), workers + 1).astype(int)
-    jobs = [(list(scenes[a:b]), seed, size, int(a), grid) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    jobs = [(list(scenes[a:b]), seed, size, int(a), lattice) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     methods = multiprocessing.get_all_start_methods()  # fork: workers need only numpy and PIL, no re-import
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
@@ -326,11 +338,11 @@ def render_parallel(scenes: Sequence[Any], seed: int, size: int, workers: int, g
     return np.concatenate(parts)
 
 
-def _render_part(job: tuple[list[Any], int, int, int, float]) -> np.ndarray:
+def _render_part(job: tuple[list[Any], int, int, int, Lattice | None]) -> np.ndarray:
     from flowrl.world.render import render_batch
 
-    scenes, seed, size, start, grid = job
-    return render_batch(scenes, seed, size, start, grid)
+    scenes, seed, size, start, lattice = job
+    return render_batch(scenes, seed, size, start, lattice)
 
 
 # -- the loop ----------------------------------------------------------------------------------------
@@ -406,7 +418,7 @@ class Pretrainer:
         scenes = sample_scenes("train", n, self.recipe.seed)
         drawn = miscaptioned(scenes, self.cfg.caption_noise, self.recipe.seed)
         size = self.recipe.model.image_size
-        images = render_parallel(drawn, self.recipe.seed, size, self.cfg.render_workers, self.cfg.object_grid)
+        images = render_parallel(drawn, self.recipe.seed, size, self.cfg.render_workers, self.cfg.lattice())
         self.pool = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
         self.pool_prompts = [s.text for s in scenes]
 
@@ -423,7 +435,7 @@ class Pretrainer:
         seed = self.recipe.seed * 1_000_003 + step + 1
         scenes = sample_scenes("train", b, seed)
         noisy = miscaptioned(scenes, self.cfg.caption_noise, seed)
-        drawn = render_batch(noisy, seed, self.recipe.model.image_size, grid=self.cfg.object_grid)
+        drawn = render_batch(noisy, seed, self.recipe.model.image_size, lattice=self.cfg.lattice())
         pixels = torch.from_numpy(drawn).permute(0, 3, 1, 2).to(self.device).float() / 255.0
         return pixels, [s.text for s in scenes]
 

@@ -7,15 +7,17 @@ centres' offset along the other axis is at most half their offset along it. Back
 light low-saturation greys with a mild tint and gradient, far (RGB distance > 120) from every object
 colour. Object colours are jittered by up to 12 per channel.
 
-With ``grid`` (pixels at 32 px, e.g. 4: the world model's token size) objects are 2 or 3 cells wide and
-tall and sit on the cell lattice, so every token of an image holds one of a few shape fragments; the
-gap between objects is then at least one cell and objects may touch the border.
+With a :class:`Lattice` (cells of e.g. 4 px at 32 px, the world model's token size) objects are square,
+a whole number of cells wide (2 or 3 by default), and sit on the cells, so every token of an image holds
+one of a few shape fragments; the gap between objects is then at least one cell and objects may touch
+the border.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 from PIL import Image, ImageDraw
 
@@ -52,10 +54,17 @@ def _object_size(shape: str, rng: np.random.Generator, scale: float) -> tuple[fl
     return w * scale, w * rng.uniform(0.8, 1.0) * scale
 
 
-def _grid_size(rng: np.random.Generator, cell: float, cells: int) -> tuple[float, float]:
-    """Width and height of one object on the lattice: ``cells`` cells, or 2 or 3 drawn at random (0)."""
-    k = cells or int(rng.integers(2, 4))
-    return k * cell, k * cell
+@attrs.frozen
+class Lattice:
+    """Objects on square cells of ``cell`` pixels (at 32 px), each ``cells[0]``-``cells[1]`` cells wide."""
+
+    cell: float
+    cells: tuple[int, int] = (2, 3)
+
+    def object_size(self, rng: np.random.Generator, scale: float, smallest: bool) -> tuple[float, float]:
+        """Width and height of one object in pixels (``smallest``: the fewest cells)."""
+        k = self.cells[0] if smallest else int(rng.integers(self.cells[0], self.cells[1] + 1))
+        return k * self.cell * scale, k * self.cell * scale
 
 
 def _separated(a: Box, b: Box, gap: float) -> bool:
@@ -80,15 +89,18 @@ def relation_holds(relation: str, subject: Box, obj: Box, gap: float) -> bool:
     return apart and d_other <= 0.5 * d_axis
 
 
-def layout(scene: Scene, rng: np.random.Generator, size: int = 32, grid: float = 0.0) -> list[tuple[str, str, Box]]:
-    """Place every object of ``scene``: a list of (colour, shape, box) in group order (``grid``: see above)."""
+def layout(
+    scene: Scene, rng: np.random.Generator, size: int = 32, lattice: Lattice | None = None
+) -> list[tuple[str, str, Box]]:
+    """Place every object of ``scene``: a list of (colour, shape, box) in group order."""
     scale = size / 32.0
-    gap, margin, cell = GAP * scale, MARGIN * scale, grid * scale
+    gap, margin = GAP * scale, MARGIN * scale
+    cell = lattice.cell * scale if lattice else 0.0
     objects = [(g.colour, g.shape) for g in scene.groups for _ in range(g.count)]
     shrink = 1.0
     while True:
-        if cell:  # on the lattice; a retry uses the smallest size
-            sizes = [_grid_size(rng, cell, 2 if shrink < 1 else 0) for _ in objects]
+        if lattice:  # a retry uses the smallest size
+            sizes = [lattice.object_size(rng, scale, smallest=shrink < 1) for _ in objects]
         else:
             sizes = [_object_size(shape, rng, scale * shrink) for _, shape in objects]
         for _ in range(200):
@@ -128,20 +140,22 @@ def coverage(shape: str, box: Box, size: int) -> np.ndarray:
     return big.mean(axis=(1, 3)) / 255.0
 
 
-def render(scene: Scene, rng: np.random.Generator, size: int = 32, grid: float = 0.0) -> np.ndarray:
-    """Render ``scene`` as a uint8 ``(size, size, 3)`` image (``grid``: objects on a lattice, see above)."""
+def render(scene: Scene, rng: np.random.Generator, size: int = 32, lattice: Lattice | None = None) -> np.ndarray:
+    """Render ``scene`` as a uint8 ``(size, size, 3)`` image (``lattice``: objects on cells, see above)."""
     img = background(rng, size)
-    for colour, shape, box in layout(scene, rng, size, grid):
+    for colour, shape, box in layout(scene, rng, size, lattice):
         rgb = np.asarray(COLOURS[colour], dtype=np.float32) + rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3)
         alpha = coverage(shape, box, size)[:, :, None]
         img = img * (1.0 - alpha) + rgb.astype(np.float32) * alpha
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
-def render_batch(scenes: Sequence[Scene], seed: int, size: int = 32, start: int = 0, grid: float = 0.0) -> np.ndarray:
+def render_batch(
+    scenes: Sequence[Scene], seed: int, size: int = 32, start: int = 0, lattice: Lattice | None = None
+) -> np.ndarray:
     """Render a batch as uint8 ``(B, size, size, 3)``; image ``i`` depends only on ``seed, start + i, scenes[i]``
     (so a batch rendered in parts, each with its ``start``, equals the batch rendered at once)."""
     out = np.empty((len(scenes), size, size, 3), dtype=np.uint8)
     for i, scene in enumerate(scenes):
-        out[i] = render(scene, np.random.default_rng((seed, start + i)), size, grid)
+        out[i] = render(scene, np.random.default_rng((seed, start + i)), size, lattice)
     return out
