@@ -3,12 +3,13 @@
     python scripts/world_probe.py                                  # the shipped base model
     python scripts/world_probe.py flowrl/world/base_model_clean --grid 4
 
-For 32 train-split images (objects on ``--grid`` cells if given, as ``train.object_grid``) noised to each level ``s``,
-it prints the mean squared error of the model's clean-image estimate ``x_s - s v`` (and the images'
-variance, the error of knowing nothing), then adds unit Gaussian noise to one token (row 3, column 3)
-and reports the mean absolute change of the predicted velocity on that token, on its 8 neighbours, on
-the 16 tokens two steps away and on tokens four or more steps away. A denoiser that draws coherent
-objects must let a token's neighbours move its prediction; docs/world.md has the figures.
+For 32 train-split images (objects on ``--grid`` cells if given, as ``train.object_grid``) noised to
+each level ``s``, it prints the mean squared error of the model's clean-image estimate ``x_s - s v`` (and
+the images' variance, the error of knowing nothing), then adds unit Gaussian noise to one token (row 3,
+column 3 of an 8 x 8 grid, the middle of any other; rings that do not exist print nan) and reports the mean
+absolute change of the predicted velocity on that token, on its 8 neighbours, on the 16 tokens two steps
+away and on tokens four or more steps away. A denoiser that draws coherent objects must let a token's
+neighbours move its prediction; docs/world.md has the figures.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import torch
 from flowrl.world.components import WorldTiny
 from flowrl.world.grammar import sample_scenes
 from flowrl.world.render import Lattice, render_batch
-
-PROBED = (3, 3)
 
 
 def main() -> None:
@@ -40,8 +39,9 @@ def main() -> None:
     cond = backbone.encode([s.text for s in scenes])
     side = backbone.latent_grid()
     rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
-    steps = torch.maximum((rows - PROBED[0]).abs(), (cols - PROBED[1]).abs()).reshape(-1)
-    k = PROBED[0] * side + PROBED[1]
+    probed = side // 2 - 1
+    steps = torch.maximum((rows - probed).abs(), (cols - probed).abs()).reshape(-1)
+    k = probed * side + probed
     generator = torch.Generator().manual_seed(0)
     print("noise level, clean-image error and variance; velocity change on the nudged token and around it")
     print(f"{'s':>5} {'x0 mse':>8} {'var x0':>7} | {'self':>6} {'ring 1':>7} {'ring 2':>7} {'far':>7}")

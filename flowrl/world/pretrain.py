@@ -113,15 +113,16 @@ class TrainConfig:
     # objects on a lattice of this many pixels (at 32 px; 4 = the model's token size); 0: anywhere
     object_grid: float = attrs.field(default=0.0, validator=ge(0))
     object_cells: tuple[int, int] = attrs.field(default=(2, 3), validator=_cell_range)  # cells per object side
-
-    def lattice(self) -> Lattice | None:
-        return Lattice(self.object_grid, self.object_cells) if self.object_grid else None
     pool_size: int = attrs.field(default=32768, validator=ge(0))  # images rendered once up front; 0: fresh each step
     log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
     checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
     threads: int = attrs.field(default=1, validator=ge(0))  # torch.set_num_threads (0: leave as is)
     device: Literal["cpu", "cuda", "auto"] = attrs.field(default="cpu", validator=in_(("cpu", "cuda", "auto")))
     render_workers: int = attrs.field(default=1, validator=positive)  # processes rendering the pool (same pool)
+
+    def lattice(self) -> Lattice | None:
+        """Where the renderer puts objects: on ``object_grid`` cells, or anywhere (None)."""
+        return Lattice(self.object_grid, self.object_cells) if self.object_grid else None
 
 
 @attrs.frozen
