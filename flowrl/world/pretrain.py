@@ -46,8 +46,8 @@ from flowrl.backbones.tiny import TinyFluxSpec, tiny_flux_pipeline
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.recipe import RecipeError, _apply_override
 from flowrl.types import Conditioning
-from flowrl.world.grammar import COLOUR_NAMES, TRAIN_PAIRS, Scene
-from flowrl.world.render import Lattice
+from flowrl.world.grammar import COLOUR_NAMES, TRAIN_PAIRS, Scene, sample_scenes, vocabulary
+from flowrl.world.render import Lattice, render_batch
 
 positive: Any = gt(0)
 
@@ -195,8 +195,10 @@ def pretrain_recipe_from_dict(
             problems.append(("model", str(error)))
         if recipe.init and not (resolve_folder(recipe.init) / "model_index.json").exists():
             problems.append(("init", f"no saved pipeline (model_index.json) in {recipe.init}"))
-        if recipe.train.device == "cuda" and not torch.cuda.is_available():
-            problems.append(("train.device", "'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'"))
+        try:
+            training_device(recipe.train.device)
+        except RuntimeError:
+            problems.append(("train.device", NO_CUDA))
     if problems or recipe is None:
         raise PretrainRecipeError(source, problems)
     return recipe
@@ -217,7 +219,6 @@ class _Adapter(FluxAdapter):
 def build_backbone(model: ModelConfig, seed: int) -> FluxAdapter:
     """A randomly initialised pixel-space tiny FLUX over the world's vocabulary, behind the FLUX adapter."""
     from flowrl.world.components import WorldTiny
-    from flowrl.world.grammar import vocabulary
 
     spec = model.spec()
     pipe = tiny_flux_pipeline(spec, words=vocabulary(), seed=seed)
@@ -287,12 +288,15 @@ def load_initial_weights(backbone: FluxAdapter, init: str) -> None:
             raise PretrainRecipeError(str(folder), [("init", f"does not fit [model]: {name}: {first}")]) from None
 
 
+NO_CUDA = "'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'"
+
+
 def training_device(name: str) -> torch.device:
     """``train.device``: "auto" is CUDA when available, else the CPU; "cuda" without CUDA is an error."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device = 'cuda' but torch sees no CUDA device; use 'auto' or 'cpu'")
+        raise RuntimeError(f"train.device = {NO_CUDA}")
     return torch.device(name)
 
 
@@ -323,8 +327,6 @@ def render_parallel(
 ) -> np.ndarray:
     """:func:`~flowrl.world.render.render_batch` split over ``workers`` processes: the same images (image ``i``
     depends only on ``seed, i, scenes[i]``), in a fraction of the time."""
-    from flowrl.world.render import render_batch
-
     if workers <= 1 or len(scenes) < 2 * workers:
         return render_batch(scenes, seed, size, lattice=lattice)
     import concurrent.futures
@@ -340,8 +342,6 @@ def render_parallel(
 
 
 def _render_part(job: tuple[list[Any], int, int, int, Lattice | None]) -> np.ndarray:
-    from flowrl.world.render import render_batch
-
     scenes, seed, size, start, lattice = job
     return render_batch(scenes, seed, size, start, lattice)
 
@@ -413,8 +413,6 @@ class Pretrainer:
 
     def render_pool(self) -> None:
         """Render ``pool_size`` train-split images once (sampled with kinds drawn uniformly)."""
-        from flowrl.world.grammar import sample_scenes
-
         n = self.cfg.pool_size
         scenes = sample_scenes("train", n, self.recipe.seed)
         drawn = miscaptioned(scenes, self.cfg.caption_noise, self.recipe.seed)
@@ -430,9 +428,6 @@ class Pretrainer:
             index = torch.randint(len(self.pool), (b,), generator=self.generator)
             images = self.pool[index].to(self.device).float() / 255.0
             return images, [self.pool_prompts[int(i)] for i in index]
-        from flowrl.world.grammar import sample_scenes
-        from flowrl.world.render import render_batch
-
         seed = self.recipe.seed * 1_000_003 + step + 1
         scenes = sample_scenes("train", b, seed)
         noisy = miscaptioned(scenes, self.cfg.caption_noise, seed)
@@ -497,7 +492,6 @@ class Pretrainer:
         from flowrl.evaluate import evaluate
         from flowrl.types import Schedule
         from flowrl.world.components import WorldPrompts, WorldVerifier
-        from flowrl.world.grammar import sample_scenes
 
         e = self.recipe.eval
         heldout = WorldPrompts(WorldPrompts.Config(heldout_count=e.prompts)).heldout()

@@ -106,7 +106,7 @@ def layout(
         for _ in range(200):
             boxes: list[Box] = []
             for w, h in sizes:
-                if cell:
+                if lattice:
                     x0 = cell * float(rng.integers(0, round((size - w) / cell) + 1))
                     y0 = cell * float(rng.integers(0, round((size - h) / cell) + 1))
                 else:
