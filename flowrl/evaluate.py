@@ -1,21 +1,35 @@
-"""Deterministic (all-ODE) sampling and scoring: the evaluation used by ``flowrl eval`` and the trainer."""
+"""Evaluation sampling and scoring, used by ``flowrl eval`` and the trainer: deterministic (all-ODE) samples
+for the scores, and optionally ``G`` stochastic samples per prompt for pass@1 / pass@G."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from flowrl.interfaces import Backbone, RewardError, RewardModel
+from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import walk
-from flowrl.types import Plan, Schedule
+from flowrl.types import Plan, Schedule, Unit
 
 
 @torch.no_grad()
 def ode_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed: int, batch: int = 64) -> Tensor:
     """Images for ``prompts`` by the deterministic ODE sampler; initial noise fixed by ``seed``."""
-    plan = Plan(units=(), trained=())
+    return _sample(backbone, prompts, schedule, seed, batch, Plan(units=(), trained=()))
+
+
+@torch.no_grad()
+def sde_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed: int, batch: int = 64) -> Tensor:
+    """Images for ``prompts`` with the schedule's SDE kernel on every step (one independent noise stream
+    per row, fixed by ``seed``): the stochastic samples pass@G is measured on."""
+    units = tuple(Unit(i) for i in range(schedule.num_steps))
+    return _sample(backbone, prompts, schedule, seed, batch, Plan(units=units, trained=()))
+
+
+def _sample(backbone: Backbone, prompts: list[str], schedule: Schedule, seed: int, batch: int, plan: Plan) -> Tensor:
     generator = torch.Generator().manual_seed(seed)
     out = []
     for start in range(0, len(prompts), batch):
@@ -23,8 +37,37 @@ def ode_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed:
         cond = backbone.encode(chunk)
         x = backbone.noise(len(chunk), generator)
         rows = torch.arange(len(chunk))
-        out.append(backbone.decode(walk(backbone, x, cond, rows, 0, plan, schedule, None)).cpu())
+        rng = RolloutRNG(seed, 0, range(start, start + len(chunk))) if plan.units else None
+        out.append(backbone.decode(walk(backbone, x, cond, rows, 0, plan, schedule, rng)).cpu())
     return torch.cat(out)
+
+
+def _figures(name: str, model: RewardModel, images: Tensor, prompts: list[str]) -> dict[str, float]:
+    try:
+        return model.eval_metrics(images, prompts)
+    except Exception as error:
+        raise RewardError(
+            f"reward '{name}' ({type(model).__name__}) failed: {type(error).__name__}: {error}"
+        ) from error
+
+
+def pass_at(
+    backbone: Backbone, prompts: list[str], model: tuple[str, RewardModel], schedule: Schedule, group: int, seed: int
+) -> dict[str, float]:
+    """``pass_at_1`` and ``pass_at_G``: of ``group`` SDE samples per prompt, the mean share that pass and the
+    share of prompts with at least one pass. A sample passes when the reward's ``strict`` figure for it is 1;
+    rewards without a ``strict`` figure give no pass rates (an empty dict)."""
+    name, reward = model
+    repeated = [p for p in prompts for _ in range(group)]
+    images = sde_images(backbone, repeated, schedule, seed)
+    passed = []
+    for image, prompt in zip(images, repeated, strict=True):
+        figures = _figures(name, reward, image[None], [prompt])
+        if "strict" not in figures:
+            return {}
+        passed.append(figures["strict"] >= 1.0)
+    table = np.asarray(passed, dtype=np.float64).reshape(len(prompts), group)
+    return {"pass_at_1": float(table.mean()), f"pass_at_{group}": float(table.max(axis=1).mean())}
 
 
 @torch.no_grad()
@@ -34,8 +77,10 @@ def evaluate(
     rewards: Sequence[tuple[str, float, RewardModel]],
     schedule: Schedule,
     seed: int = 0,
+    group: int = 0,
 ) -> dict[str, float]:
-    """Each reward's evaluation figures on ODE samples (``name/score``, ...), and the NFE spent.
+    """Each reward's evaluation figures on ODE samples (``name/score``, ...), the prompt count and the NFE
+    spent; with ``group > 0`` also pass@1 and pass@``group`` of the first reward (see :func:`pass_at`).
 
     With a single reward its figures also appear unprefixed (``score``, ``strict`` for the world).
     """
@@ -43,14 +88,12 @@ def evaluate(
     images = ode_images(backbone, prompts, schedule, seed)
     result: dict[str, float] = {}
     for name, _, model in rewards:
-        try:
-            figures = model.eval_metrics(images, prompts)
-        except Exception as error:
-            raise RewardError(
-                f"reward '{name}' ({type(model).__name__}) failed: {type(error).__name__}: {error}"
-            ) from error
+        figures = _figures(name, model, images, prompts)
         result.update({f"{name}/{key}": value for key, value in figures.items()})
         if len(rewards) == 1:
             result.update(figures)
+    if group > 0 and rewards:
+        result.update(pass_at(backbone, prompts, (rewards[0][0], rewards[0][2]), schedule, group, seed))
+    result["prompts"] = len(prompts)
     result["nfe"] = backbone.nfe - nfe0
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +33,26 @@ class LoadedPolicy:
     def images(self, prompts: list[str], seed: int = 0) -> Tensor:
         return ode_images(self.backbone, prompts, self.schedule, seed)
 
-    def evaluate(self, limit: int | None = None, seed: int = 0) -> dict[str, Any]:
+    def evaluate(self, limit: int | None = None, seed: int = 0, group: int = 0) -> dict[str, Any]:
+        """Figures on the prompt source's evaluation prompts (the first ``limit``), with pass@``group``."""
         prompts = self.prompts.heldout() or self.prompts.sample(limit or 32, torch.Generator().manual_seed(seed))
         prompts = prompts[:limit] if limit else prompts
-        result = evaluate(self.backbone, prompts, self.rewards, self.schedule, seed)
-        return {"step": self.step, "prompts": len(prompts), **result}
+        result = evaluate(self.backbone, prompts, self.rewards, self.schedule, seed, group)
+        return {"step": self.step, **result}
 
 
-def load_policy(path: Path) -> LoadedPolicy:
-    """A run folder or checkpoint (its recipe, its weights), or a recipe file (its initial policy, step 0)."""
+def load_policy(path: Path, overrides: Sequence[str] = ()) -> LoadedPolicy:
+    """A run folder or checkpoint (its recipe, its weights), or a recipe file (its initial policy, step 0);
+    ``overrides`` (``key=value``) change the recipe as ``--set`` does."""
     if path.suffix == ".toml":
-        recipe = load_recipe(path)
+        recipe = load_recipe(path, overrides)
         weights, state, folder = None, {"step": 0}, path
     else:
         folder = find_checkpoint(path)
         recipe_file = folder / "recipe.toml"
         if not recipe_file.exists():
             raise CheckpointError(f"checkpoint {folder}: missing recipe.toml")
-        recipe = load_recipe(recipe_file)
+        recipe = load_recipe(recipe_file, overrides)
         weights, state, _ = load_checkpoint(folder)
     rewards = reward_models(recipe)
     backbone: Backbone = recipe.build("backbone")

@@ -64,7 +64,7 @@ def test_pretrain_saves_a_loadable_world_tiny(tmp_path: Path) -> None:
     out = tmp_path / "model"
     result = pretrain(recipe, out, quiet=True)
     assert len(result.losses) == 4 and all(math.isfinite(v) for v in result.losses)
-    assert len(result.evals) == 1 and 0.0 <= result.evals[0]["heldout/score"] <= 1.0
+    assert len(result.evals) == 1 and 0.0 <= result.evals[0]["test/score"] <= 1.0 and "novel/strict" in result.evals[0]
     backbone = flowrl.build("backbone", {"type": "world_tiny", "path": str(out)})
     assert backbone.pixel_space and backbone.latent_shape == (64, 48)
     initial = build_backbone(recipe.model, recipe.seed).transformer.state_dict()

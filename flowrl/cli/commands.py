@@ -107,8 +107,11 @@ def entropy(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     from flowrl.loading import load_policy
 
-    loaded = load_policy(Path(args.path))
-    result = loaded.evaluate(limit=args.prompts, seed=args.seed)
+    overrides = list(args.set)
+    if args.split:
+        overrides.append(f"prompts.eval_split={args.split}")
+    loaded = load_policy(Path(args.path), overrides)
+    result = loaded.evaluate(limit=args.prompts, seed=args.seed, group=args.group_size)
     if args.json:
         print(json.dumps(result))
     else:

@@ -19,6 +19,17 @@ class UserError(Exception):
     """A mistake in the user's input: printed as one line, exit status 2, no traceback."""
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowrl", description="RL fine-tuning of flow-matching text-to-image models.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -45,9 +56,18 @@ def parser() -> argparse.ArgumentParser:
     ls.add_argument("kind", nargs="*", help="kinds to list (default: all)")
     ls.set_defaults(func=commands.ls)
 
-    e = sub.add_parser("eval", help="score a run or checkpoint on held-out prompts (deterministic ODE sampling)")
+    e = sub.add_parser("eval", help="score a run or checkpoint on evaluation prompts (deterministic ODE sampling)")
     e.add_argument("path", help="run folder, checkpoint folder, or a recipe (its initial, untrained policy)")
-    e.add_argument("--prompts", type=int, default=None, help="how many held-out prompts (default: all)")
+    e.add_argument("--prompts", type=_positive, default=None, help="use the first N evaluation prompts (default: all)")
+    e.add_argument("--split", default=None, help="the embedded world's evaluation split: test (default), novel, train")
+    e.add_argument(
+        "--group-size",
+        type=_positive,
+        default=0,
+        metavar="G",
+        help="also pass@1 and pass@G from G SDE samples per prompt",
+    )
+    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=commands.evaluate)

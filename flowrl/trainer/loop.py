@@ -256,7 +256,7 @@ class Trainer:
         nfe = self.backbone.nfe
         result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
         self.backbone.nfe = nfe  # evaluation is not part of the training budget
-        return {f"eval/{k}": v for k, v in result.items() if k != "nfe"}
+        return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
     def score(self, rollout: Rollout) -> RewardBatch:
         images, texts = rollout.images, rollout.rollout_texts()

@@ -9,12 +9,15 @@ from flowrl.world.grammar import (
     COLOURS,
     HELDOUT_PAIRS,
     KINDS,
+    PRETRAIN_SPLITS,
     RELATIONS,
     SHAPES,
     SPLITS,
+    TRAIN_PAIRS,
     ObjectGroup,
     Relation,
     Scene,
+    balanced_scenes,
     enumerate_scenes,
     max_prompt_words,
     parse,
@@ -23,21 +26,24 @@ from flowrl.world.grammar import (
     vocabulary,
 )
 from flowrl.world.render import render, render_batch
-from flowrl.world.verify import Detection, Verdict, detect, score_batch, verify
+from flowrl.world.verify import Detection, Verdict, detect, score_batch, verify, verify_batch
 
 __all__ = [
     "COLOURS",
     "COLOUR_NAMES",
     "HELDOUT_PAIRS",
     "KINDS",
+    "PRETRAIN_SPLITS",
     "RELATIONS",
     "SHAPES",
     "SPLITS",
+    "TRAIN_PAIRS",
     "Detection",
     "ObjectGroup",
     "Relation",
     "Scene",
     "Verdict",
+    "balanced_scenes",
     "detect",
     "enumerate_scenes",
     "max_prompt_words",
@@ -48,5 +54,6 @@ __all__ = [
     "scene_split",
     "score_batch",
     "verify",
+    "verify_batch",
     "vocabulary",
 ]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
+import numpy as np
 import torch
 from attrs.validators import gt, in_
 from torch import Tensor
@@ -14,27 +15,30 @@ from torch import Tensor
 from flowrl.backbones.flux import DTYPES, FluxFromPretrained
 from flowrl.interfaces import PromptSource, RewardModel
 from flowrl.registry import register
-from flowrl.world.grammar import KINDS, Scene, enumerate_scenes, parse, sample_scenes
-from flowrl.world.verify import score_batch
+from flowrl.world.grammar import KINDS, SPLITS, Scene, balanced_scenes, enumerate_scenes, parse
+from flowrl.world.verify import score_batch, verify_batch
 
 BASE_MODEL = Path(__file__).with_name("base_model")
 
 
 @register("prompts", "world")
 class WorldPrompts(PromptSource):
-    """The embedded world's prompts: training compositions, and held-out ones never seen in pre-training."""
+    """The embedded world's prompts: RL trains on the ``train`` split; evaluation uses a fixed,
+    category-balanced set from ``eval_split`` (``test``: other scenes of the same vocabulary and pairs;
+    ``novel``: compositions with held-out colour-shape pairs; ``train``)."""
 
     @attrs.frozen
     class Config:
-        heldout_count: int = attrs.field(default=64, validator=gt(0))  # held-out prompts used by eval
-        heldout_seed: int = 1234  # fixes which held-out prompts
+        eval_split: Literal["test", "novel", "train"] = attrs.field(default="test", validator=in_(SPLITS))
+        eval_count: int = attrs.field(default=256, validator=gt(0))  # evaluation prompts, equal per kind
+        eval_seed: int = 1234  # fixes which evaluation prompts
         kinds: tuple[str, ...] = attrs.field(default=KINDS, validator=attrs.validators.deep_iterable(in_(KINDS)))
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.train = [s.text for s in enumerate_scenes("train") if s.kind in config.kinds]
-        heldout = sample_scenes("heldout", config.heldout_count, config.heldout_seed, config.kinds)
-        self._heldout = [s.text for s in heldout]
+        scenes = balanced_scenes(config.eval_split, config.eval_count, config.eval_seed, config.kinds)
+        self._heldout = [s.text for s in scenes]
 
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
         index = torch.randint(len(self.train), (n,), generator=generator)
@@ -49,21 +53,43 @@ def _scene(text: str) -> Scene:
     return parse(text)
 
 
+def _mean_se(values: np.ndarray) -> tuple[float, float]:
+    """Mean and its standard error (sample std / sqrt(n); 0 for fewer than two values)."""
+    n = len(values)
+    se = float(values.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+    return float(values.mean()), se
+
+
 @register("reward", "world_verifier")
 class WorldVerifier(RewardModel):
-    """The embedded world's verifier: the fraction of a prompt's constraints an image meets (or strict 0/1)."""
+    """The embedded world's verifier: the share of a prompt's constraints an image meets, less one per extra
+    object (or strict 0/1: all met, nothing extra)."""
 
     @attrs.frozen
     class Config:
-        strict: bool = False  # 1 only when every constraint is met
+        strict: bool = False  # 1 only when every constraint is met and nothing is extra
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
         scores, strict = score_batch(images.detach().float().cpu(), [_scene(p) for p in prompts])
         return torch.from_numpy(strict if self.config.strict else scores).float()
 
     def eval_metrics(self, images: Tensor, prompts: list[str]) -> dict[str, float]:
-        scores, strict = score_batch(images.detach().float().cpu(), [_scene(p) for p in prompts])
-        return {"score": float(scores.mean()), "strict": float(strict.mean())}
+        """``score``, ``strict`` and their standard errors; ``strict/KIND`` per prompt kind present;
+        ``objects`` (detected per image) against ``objects_asked``."""
+        scenes = [_scene(p) for p in prompts]
+        verdicts = verify_batch(images.detach().float().cpu(), scenes)
+        score = np.asarray([v.score for v in verdicts], dtype=np.float64)
+        strict = np.asarray([v.strict for v in verdicts], dtype=np.float64)
+        out: dict[str, float] = {}
+        out["score"], out["score_se"] = _mean_se(score)
+        out["strict"], out["strict_se"] = _mean_se(strict)
+        kinds = np.asarray([s.kind for s in scenes])
+        for kind in KINDS:
+            if (kinds == kind).any():
+                out[f"strict/{kind}"] = float(strict[kinds == kind].mean())
+        out["objects"] = float(np.mean([len(v.detections) for v in verdicts]))
+        out["objects_asked"] = float(np.mean([s.num_objects for s in scenes]))
+        return out
 
 
 @register("backbone", "world_tiny")

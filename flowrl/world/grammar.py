@@ -10,15 +10,18 @@ Prompts (all lowercase, single spaces)::
 
 Two-group prompts use single objects ("a ...") with distinct (colour, shape) pairs.
 
-Held-out rule: :data:`HELDOUT_PAIRS` holds six (colour, shape) pairs, one per colour, chosen so every
-shape is held out for exactly two colours (colour ``i`` of :data:`COLOUR_NAMES` loses shape ``i % 3``).
-The ``"train"`` split never uses a held-out pair anywhere in a prompt; every ``"heldout"`` prompt uses at
-least one. Every colour and every shape word still occurs in train, so held-out prompts are novel
-compositions of known words.
+Splits: :data:`HELDOUT_PAIRS` holds six (colour, shape) pairs, one per colour, chosen so every shape is
+held out for exactly two colours (colour ``i`` of :data:`COLOUR_NAMES` loses shape ``i % 3``). Every scene
+using one of them is in the ``"novel"`` split (novel compositions of known words: every colour and shape
+word still occurs elsewhere). The other scenes are divided, kind by kind and by a fixed permutation, into
+``"train"`` (the prompts reinforcement learning trains on) and ``"test"`` (the primary evaluation, like
+GenEval's: the same vocabulary and colour-shape pairs in other scenes). Pre-training sees train and test
+scenes (:data:`PRETRAIN_SPLITS`), never novel ones.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Sequence
 
@@ -45,7 +48,10 @@ RELATION_AXES: dict[str, tuple[int, int]] = {
 }
 COUNT_WORDS: dict[int, str] = {1: "a", 2: "two", 3: "three"}
 KINDS: tuple[str, ...] = ("single", "count", "pair", "relation")
-SPLITS: tuple[str, ...] = ("train", "heldout")
+SPLITS: tuple[str, ...] = ("train", "test", "novel")
+PRETRAIN_SPLITS: tuple[str, ...] = ("train", "test")  # what the base model is pre-trained on
+TEST_SEED = 20261201  # fixes the train / test division
+
 ALL_PAIRS: tuple[tuple[str, str], ...] = tuple(itertools.product(COLOUR_NAMES, SHAPES))
 HELDOUT_PAIRS: frozenset[tuple[str, str]] = frozenset(
     (colour, SHAPES[i % len(SHAPES)]) for i, colour in enumerate(COLOUR_NAMES)
@@ -168,57 +174,115 @@ def parse(text: str) -> Scene:
     raise ValueError(f"prompt {text!r}: expected 'and' or a relation {list(RELATIONS)} after {first.text!r}")
 
 
-def scene_split(scene: Scene) -> str:
-    """``"heldout"`` if the scene uses any held-out (colour, shape) pair, else ``"train"``."""
-    return "heldout" if any(g.pair in HELDOUT_PAIRS for g in scene.groups) else "train"
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-
-
-def enumerate_scenes(split: str) -> list[Scene]:
-    """Every scene of a split, in a fixed order."""
-    _check_split(split)
+def _all_scenes() -> list[Scene]:
+    """Every scene of the grammar, in a fixed order."""
     scenes = [Scene((ObjectGroup(c, s, n),)) for c, s in ALL_PAIRS for n in COUNT_WORDS]
     for a, b in itertools.permutations(ALL_PAIRS, 2):
         groups = (ObjectGroup(*a), ObjectGroup(*b))
         scenes.append(Scene(groups))
         scenes.extend(Scene(groups, Relation(0, r, 1)) for r in RELATIONS)
-    return [s for s in scenes if scene_split(s) == split]
+    return scenes
 
 
-def sample_scenes(split: str, n: int, seed: int, kinds: Sequence[str] = KINDS) -> list[Scene]:
-    """``n`` scenes of ``split``, kinds drawn uniformly from ``kinds``; deterministic given ``seed``."""
-    _check_split(split)
+@functools.cache
+def _test_scenes() -> frozenset[Scene]:
+    """The test split: of each kind's non-novel scenes, the first half of a fixed permutation."""
+    rng = np.random.default_rng(TEST_SEED)
+    seen = [s for s in _all_scenes() if not _is_novel(s)]
+    test: set[Scene] = set()
+    for kind in KINDS:
+        of_kind = [s for s in seen if s.kind == kind]
+        order = rng.permutation(len(of_kind))
+        test.update(of_kind[int(i)] for i in order[: len(of_kind) // 2])
+    return frozenset(test)
+
+
+def _is_novel(scene: Scene) -> bool:
+    return any(g.pair in HELDOUT_PAIRS for g in scene.groups)
+
+
+def scene_split(scene: Scene) -> str:
+    """``"novel"`` if the scene uses a held-out (colour, shape) pair, else ``"test"`` or ``"train"``."""
+    if _is_novel(scene):
+        return "novel"
+    return "test" if scene in _test_scenes() else "train"
+
+
+def _splits(split: str | Sequence[str]) -> tuple[str, ...]:
+    names = (split,) if isinstance(split, str) else tuple(split)
+    for name in names:
+        if name not in SPLITS:
+            raise ValueError(f"unknown split {name!r}; expected one of {SPLITS}")
+    return names
+
+
+@functools.cache
+def _enumerate(splits: tuple[str, ...]) -> tuple[Scene, ...]:
+    return tuple(s for s in _all_scenes() if scene_split(s) in splits)
+
+
+def enumerate_scenes(split: str | Sequence[str]) -> list[Scene]:
+    """Every scene of a split (or of several), in a fixed order."""
+    return list(_enumerate(_splits(split)))
+
+
+def _by_kind(split: str | Sequence[str], kinds: Sequence[str]) -> dict[str, list[Scene]]:
     if not kinds or any(k not in KINDS for k in kinds):
         raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
-    rng = np.random.default_rng(seed)
+    scenes = enumerate_scenes(split)
+    return {k: [s for s in scenes if s.kind == k] for k in dict.fromkeys(kinds)}
+
+
+def _compose(rng: np.random.Generator, kind: str, novel: bool) -> Scene:
+    """One random scene of ``kind``: from train pairs only, or (``novel``) with a held-out pair in it."""
     held = sorted(HELDOUT_PAIRS)
 
     def pick(pool: Sequence[tuple[str, str]]) -> tuple[str, str]:
         return pool[int(rng.integers(len(pool)))]
 
+    if kind in ("single", "count"):
+        count = 1 if kind == "single" else int(rng.integers(2, 4))
+        return Scene((ObjectGroup(*pick(held if novel else TRAIN_PAIRS), count),))
+    if not novel:
+        first = pick(TRAIN_PAIRS)
+        second = pick([p for p in TRAIN_PAIRS if p != first])
+    else:  # one held-out pair in a random position, the other from anywhere
+        first = pick(held)
+        second = pick([p for p in ALL_PAIRS if p != first])
+        if rng.random() < 0.5:
+            first, second = second, first
+    rel = None if kind == "pair" else Relation(0, RELATIONS[int(rng.integers(len(RELATIONS)))], 1)
+    return Scene((ObjectGroup(*first), ObjectGroup(*second)), rel)
+
+
+def sample_scenes(split: str | Sequence[str], n: int, seed: int, kinds: Sequence[str] = KINDS) -> list[Scene]:
+    """``n`` scenes of ``split`` (or of several splits), kinds drawn uniformly from ``kinds``; deterministic
+    given ``seed``. Scenes are composed from random colour-shape pairs (with a held-out pair for ``novel``)
+    and those outside the requested splits are drawn again."""
+    names = _splits(split)
+    _by_kind(names, kinds)  # checks the kinds
+    if "novel" in names and len(names) > 1:
+        raise ValueError(f"sample novel scenes on their own, not with {[s for s in names if s != 'novel']}")
+    rng = np.random.default_rng(seed)
     scenes: list[Scene] = []
-    for _ in range(n):
-        kind = kinds[int(rng.integers(len(kinds)))]
-        if kind in ("single", "count"):
-            count = 1 if kind == "single" else int(rng.integers(2, 4))
-            pair = pick(TRAIN_PAIRS if split == "train" else held)
-            scenes.append(Scene((ObjectGroup(*pair, count),)))
-            continue
-        if split == "train":
-            first = pick(TRAIN_PAIRS)
-            second = pick([p for p in TRAIN_PAIRS if p != first])
-        else:  # one held-out pair in a random position, the other from anywhere
-            first = pick(held)
-            second = pick([p for p in ALL_PAIRS if p != first])
-            if rng.random() < 0.5:
-                first, second = second, first
-        rel = None if kind == "pair" else Relation(0, RELATIONS[int(rng.integers(len(RELATIONS)))], 1)
-        scenes.append(Scene((ObjectGroup(*first), ObjectGroup(*second)), rel))
+    while len(scenes) < n:
+        scene = _compose(rng, kinds[int(rng.integers(len(kinds)))], novel=names == ("novel",))
+        if scene_split(scene) in names:
+            scenes.append(scene)
     return scenes
+
+
+def balanced_scenes(split: str, n: int, seed: int, kinds: Sequence[str] = KINDS) -> list[Scene]:
+    """``n`` evaluation scenes of ``split``, the kinds taking turns (so any prefix is balanced too); each
+    kind cycles through its scenes in a seeded order, so every scene appears before any repeats."""
+    pools = list(_by_kind(split, kinds).values())
+    rng = np.random.default_rng(seed)
+    orders = [rng.permutation(len(pool)) for pool in pools]
+    out: list[Scene] = []
+    for i in range(n):
+        k, j = i % len(pools), i // len(pools)
+        out.append(pools[k][int(orders[k][j % len(pools[k])])])
+    return out
 
 
 def vocabulary() -> list[str]:

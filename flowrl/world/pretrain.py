@@ -46,7 +46,7 @@ from flowrl.backbones.tiny import TinyFluxSpec, tiny_flux_pipeline
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.recipe import RecipeError, _apply_override
 from flowrl.types import Conditioning
-from flowrl.world.grammar import COLOUR_NAMES, TRAIN_PAIRS, Scene, sample_scenes, vocabulary
+from flowrl.world.grammar import COLOUR_NAMES, PRETRAIN_SPLITS, TRAIN_PAIRS, Scene, sample_scenes, vocabulary
 from flowrl.world.render import Lattice, render_batch
 
 positive: Any = gt(0)
@@ -78,6 +78,11 @@ class ModelConfig:
 
     def spec(self) -> TinyFluxSpec:
         return TinyFluxSpec(pixel_space=True, guidance_embeds=False, **attrs.asdict(self))
+
+
+def _level(_: Any, attribute: Any, value: float) -> None:
+    if not 0 <= value <= 255:
+        raise ValueError(f"{attribute.name} levels must lie in [0, 255], got {value}")
 
 
 def _cell_range(_: Any, attribute: Any, value: tuple[int, int]) -> None:
@@ -113,6 +118,8 @@ class TrainConfig:
     # objects on a lattice of this many pixels (at 32 px; 4 = the model's token size); 0: anywhere
     object_grid: float = attrs.field(default=0.0, validator=ge(0))
     object_cells: tuple[int, int] = attrs.field(default=(2, 3), validator=_cell_range)  # cells per object side
+    # (): varied tinted backgrounds with a gradient; levels: a plain grey, one of these (0-255) per image
+    background_levels: tuple[float, ...] = attrs.field(default=(), validator=attrs.validators.deep_iterable(_level))
     pool_size: int = attrs.field(default=32768, validator=ge(0))  # images rendered once up front; 0: fresh each step
     log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
     checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
@@ -323,17 +330,25 @@ def miscaptioned(scenes: Sequence[Scene], rate: float, seed: int) -> list[Scene]
 
 
 def render_parallel(
-    scenes: Sequence[Any], seed: int, size: int, workers: int, lattice: Lattice | None = None
+    scenes: Sequence[Any],
+    seed: int,
+    size: int,
+    workers: int,
+    lattice: Lattice | None = None,
+    flat: Sequence[float] = (),
 ) -> np.ndarray:
     """:func:`~flowrl.world.render.render_batch` split over ``workers`` processes: the same images (image ``i``
     depends only on ``seed, i, scenes[i]``), in a fraction of the time."""
     if workers <= 1 or len(scenes) < 2 * workers:
-        return render_batch(scenes, seed, size, lattice=lattice)
+        return render_batch(scenes, seed, size, lattice=lattice, flat=flat)
     import concurrent.futures
     import multiprocessing
 
     bounds = np.linspace(0, len(scenes), workers + 1).astype(int)
-    jobs = [(list(scenes[a:b]), seed, size, int(a), lattice) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    jobs = [
+        (list(scenes[a:b]), seed, size, int(a), lattice, tuple(flat))
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
     methods = multiprocessing.get_all_start_methods()  # fork: workers need only numpy and PIL, no re-import
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
@@ -341,9 +356,9 @@ def render_parallel(
     return np.concatenate(parts)
 
 
-def _render_part(job: tuple[list[Any], int, int, int, Lattice | None]) -> np.ndarray:
-    scenes, seed, size, start, lattice = job
-    return render_batch(scenes, seed, size, start, lattice)
+def _render_part(job: tuple[list[Any], int, int, int, Lattice | None, tuple[float, ...]]) -> np.ndarray:
+    scenes, seed, size, start, lattice, flat = job
+    return render_batch(scenes, seed, size, start, lattice, flat)
 
 
 # -- the loop ----------------------------------------------------------------------------------------
@@ -412,12 +427,14 @@ class Pretrainer:
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def render_pool(self) -> None:
-        """Render ``pool_size`` train-split images once (sampled with kinds drawn uniformly)."""
+        """Render ``pool_size`` images of train- and test-split scenes once (kinds drawn uniformly)."""
         n = self.cfg.pool_size
-        scenes = sample_scenes("train", n, self.recipe.seed)
+        scenes = sample_scenes(PRETRAIN_SPLITS, n, self.recipe.seed)
         drawn = miscaptioned(scenes, self.cfg.caption_noise, self.recipe.seed)
         size = self.recipe.model.image_size
-        images = render_parallel(drawn, self.recipe.seed, size, self.cfg.render_workers, self.cfg.lattice())
+        images = render_parallel(
+            drawn, self.recipe.seed, size, self.cfg.render_workers, self.cfg.lattice(), self.cfg.background_levels
+        )
         self.pool = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
         self.pool_prompts = [s.text for s in scenes]
 
@@ -429,9 +446,10 @@ class Pretrainer:
             images = self.pool[index].to(self.device).float() / 255.0
             return images, [self.pool_prompts[int(i)] for i in index]
         seed = self.recipe.seed * 1_000_003 + step + 1
-        scenes = sample_scenes("train", b, seed)
+        scenes = sample_scenes(PRETRAIN_SPLITS, b, seed)
         noisy = miscaptioned(scenes, self.cfg.caption_noise, seed)
-        drawn = render_batch(noisy, seed, self.recipe.model.image_size, lattice=self.cfg.lattice())
+        size = self.recipe.model.image_size
+        drawn = render_batch(noisy, seed, size, lattice=self.cfg.lattice(), flat=self.cfg.background_levels)
         pixels = torch.from_numpy(drawn).permute(0, 3, 1, 2).to(self.device).float() / 255.0
         return pixels, [s.text for s in scenes]
 
@@ -487,15 +505,14 @@ class Pretrainer:
         return _swapped_in(self.params, None if self.ema is None else self.ema.shadow)
 
     def evaluate(self) -> dict[str, float]:
-        """Mean verifier score and strict rate of ODE samples on held-out and train-split prompts."""
+        """Verifier figures of ODE samples on balanced test- and novel-split prompts (``eval.prompts`` each):
+        ``test/score``, ``test/strict``, ``test/strict/single`` (single objects), ``novel/score``, ..."""
         import flowrl
         from flowrl.evaluate import evaluate
         from flowrl.types import Schedule
         from flowrl.world.components import WorldPrompts, WorldVerifier
 
         e = self.recipe.eval
-        heldout = WorldPrompts(WorldPrompts.Config(heldout_count=e.prompts)).heldout()
-        train = [s.text for s in sample_scenes("train", e.prompts, 1234)]
         sigmas = self.backbone.schedule_sigmas(e.num_steps, e.shift)
         schedule = Schedule(sigmas, flowrl.build("kernel", {"type": "ode"}))
         reward = [("world", 1.0, WorldVerifier(WorldVerifier.Config()))]
@@ -504,10 +521,12 @@ class Pretrainer:
             module.eval()
         out: dict[str, float] = {}
         with self.weights():
-            for split, prompts in (("heldout", heldout), ("train", train)):
+            for split in ("test", "novel"):
+                prompts = WorldPrompts(WorldPrompts.Config(eval_split=split, eval_count=e.prompts)).heldout()
                 self.backbone._cache.clear()  # the text encoders have changed since the last evaluation
                 figures = evaluate(self.backbone, prompts, reward, schedule, seed=e.seed)
-                out[f"{split}/score"], out[f"{split}/strict"] = figures["score"], figures["strict"]
+                for key in ("score", "strict", "strict/single"):
+                    out[f"{split}/{key}"] = figures[key]
         self.backbone._cache.clear()
         return out
 
@@ -568,9 +587,9 @@ class Pretrainer:
                     eval_s += time.perf_counter() - t0
                     evals.append(figures)
                     self.log(
-                        f"eval step {self.step}: held-out score {figures['heldout/score']:.3f} strict "
-                        f"{figures['heldout/strict']:.3f} | train score {figures['train/score']:.3f} strict "
-                        f"{figures['train/strict']:.3f}"
+                        f"eval step {self.step}: test score {figures['test/score']:.3f} strict "
+                        f"{figures['test/strict']:.3f} (single objects {figures['test/strict/single']:.3f}) | "
+                        f"novel score {figures['novel/score']:.3f} strict {figures['novel/strict']:.3f}"
                     )
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
                     self.save(self.output_dir / "checkpoints" / f"step-{self.step}")

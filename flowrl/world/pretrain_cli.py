@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if result.evals:
         last = result.evals[-1]
         print(
-            f"{result.output_dir}: held-out score {last['heldout/score']:.3f} (strict {last['heldout/strict']:.3f}), "
-            f"train score {last['train/score']:.3f} (strict {last['train/strict']:.3f})"
+            f"{result.output_dir}: test score {last['test/score']:.3f} (strict {last['test/strict']:.3f}), "
+            f"novel score {last['novel/score']:.3f} (strict {last['novel/strict']:.3f})"
         )
     return 0

@@ -31,8 +31,11 @@ COLOUR_JITTER = 12.0
 Box = tuple[float, float, float, float]  # x0, y0, w, h (pixels)
 
 
-def background(rng: np.random.Generator, size: int = 32) -> np.ndarray:
-    """A float32 ``(size, size, 3)`` background in [0, 255]: a dark or light tinted grey with a gradient."""
+def background(rng: np.random.Generator, size: int = 32, flat: Sequence[float] = ()) -> np.ndarray:
+    """A float32 ``(size, size, 3)`` background in [0, 255]: a dark or light tinted grey with a gradient, or
+    with ``flat`` levels a plain grey of one of them (drawn uniformly)."""
+    if flat:
+        return np.full((size, size, 3), float(flat[int(rng.integers(len(flat)))]), dtype=np.float32)
     base = rng.uniform(15.0, 75.0) if rng.random() < 0.5 else rng.uniform(150.0, 215.0)
     tint = rng.uniform(-12.0, 12.0, size=3)
     amp = rng.uniform(0.0, 24.0)
@@ -140,9 +143,16 @@ def coverage(shape: str, box: Box, size: int) -> np.ndarray:
     return big.mean(axis=(1, 3)) / 255.0
 
 
-def render(scene: Scene, rng: np.random.Generator, size: int = 32, lattice: Lattice | None = None) -> np.ndarray:
-    """Render ``scene`` as a uint8 ``(size, size, 3)`` image (``lattice``: objects on cells, see above)."""
-    img = background(rng, size)
+def render(
+    scene: Scene,
+    rng: np.random.Generator,
+    size: int = 32,
+    lattice: Lattice | None = None,
+    flat: Sequence[float] = (),
+) -> np.ndarray:
+    """Render ``scene`` as a uint8 ``(size, size, 3)`` image (``lattice``: objects on cells, see above;
+    ``flat``: plain grey backgrounds of these levels, see :func:`background`)."""
+    img = background(rng, size, flat)
     for colour, shape, box in layout(scene, rng, size, lattice):
         rgb = np.asarray(COLOURS[colour], dtype=np.float32) + rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3)
         alpha = coverage(shape, box, size)[:, :, None]
@@ -151,11 +161,16 @@ def render(scene: Scene, rng: np.random.Generator, size: int = 32, lattice: Latt
 
 
 def render_batch(
-    scenes: Sequence[Scene], seed: int, size: int = 32, start: int = 0, lattice: Lattice | None = None
+    scenes: Sequence[Scene],
+    seed: int,
+    size: int = 32,
+    start: int = 0,
+    lattice: Lattice | None = None,
+    flat: Sequence[float] = (),
 ) -> np.ndarray:
     """Render a batch as uint8 ``(B, size, size, 3)``; image ``i`` depends only on ``seed, start + i, scenes[i]``
     (so a batch rendered in parts, each with its ``start``, equals the batch rendered at once)."""
     out = np.empty((len(scenes), size, size, 3), dtype=np.uint8)
     for i, scene in enumerate(scenes):
-        out[i] = render(scene, np.random.default_rng((seed, start + i)), size, lattice)
+        out[i] = render(scene, np.random.default_rng((seed, start + i)), size, lattice, flat)
     return out

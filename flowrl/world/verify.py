@@ -9,12 +9,15 @@ anti-aliased or blurred edges split near 50% coverage on any background. Same-co
 ignored, those over :data:`MAX_EXTENT` pixels across have no shape, and the others' shapes come from
 moments of their soft coverage (see :func:`classify_shape`).
 
-Constraints (the score is the fraction met, ``strict`` is 1 when all are met), per object group:
-``COLOUR present`` (any object of that colour), ``COLOUR SHAPE present`` and ``COLOUR SHAPE count == n``;
-then ``relation`` if the prompt has one (some subject/object pair has centroids apart by more than
-:data:`RELATION_MARGIN` px along the relation's axis, and more along it than across it); and last
-``no extra objects`` (every detected object has a (colour, shape) named by the prompt; a blank image
-meets this one).
+Constraints, per object group: ``COLOUR SHAPE present`` and ``COLOUR SHAPE count == n``; then
+``relation`` if the prompt has one (some subject/object pair has centroids apart by more than
+:data:`RELATION_MARGIN` px along the relation's axis, and more along it than across it). Every detected
+object beyond those the prompt asks for is *extra*: one of an unnamed colour or shape, a blob with no
+shape, or a named object past its group's count. ``strict`` is 1 when every constraint is met and nothing
+is extra. The ``score`` is ``max(0, met - extra) / constraints``: partial credit counts only correctly
+drawn objects (a colour alone earns nothing), and each extra object cancels one met constraint, so
+clutter and colour floods never pay (an extra object can meet at most the relation, and costs as much).
+A blank image scores 0.
 """
 
 from __future__ import annotations
@@ -56,12 +59,14 @@ class Detection:
 
 @attrs.frozen
 class Verdict:
-    """The verifier's answer: ``score`` in [0, 1], ``strict`` in {0, 1} and each named constraint."""
+    """The verifier's answer: ``score`` in [0, 1], ``strict`` in {0, 1}, each named constraint and the
+    number of extra objects."""
 
     score: float
     strict: int
     constraints: tuple[tuple[str, bool], ...]
     detections: tuple[Detection, ...]
+    extra: int = 0  # detected objects beyond those the prompt asks for
 
 
 def _as_rgb255(image: Any) -> np.ndarray:
@@ -200,9 +205,10 @@ def _relation_met(relation: str, subjects: list[Detection], objects: list[Detect
 def check(detections: Sequence[Detection], scene: Scene, size: int = 32) -> Verdict:
     """Score detected objects against the scene's constraints (see the module docstring)."""
     constraints: list[tuple[str, bool]] = []
+    matched = 0
     for g in scene.groups:
         matching = [d for d in detections if (d.colour, d.shape) == g.pair]
-        constraints.append((f"{g.colour} present", any(d.colour == g.colour for d in detections)))
+        matched += min(len(matching), g.count)
         constraints.append((f"{g.colour} {g.shape} present", bool(matching)))
         constraints.append((f"{g.colour} {g.shape} count == {g.count}", len(matching) == g.count))
     if scene.relation is not None:
@@ -215,11 +221,11 @@ def check(detections: Sequence[Detection], scene: Scene, size: int = 32) -> Verd
             RELATION_MARGIN * size / 32.0,
         )
         constraints.append(("relation", met))
-    named = {g.pair for g in scene.groups}
-    constraints.append(("no extra objects", all((d.colour, d.shape) in named for d in detections)))
+    extra = len(detections) - matched
     met_count = sum(ok for _, ok in constraints)
-    strict = int(met_count == len(constraints))
-    return Verdict(met_count / len(constraints), strict, tuple(constraints), tuple(detections))
+    strict = int(met_count == len(constraints) and extra == 0)
+    score = max(0, met_count - extra) / len(constraints)
+    return Verdict(score, strict, tuple(constraints), tuple(detections), extra)
 
 
 def verify(image: Any, scene: Scene) -> Verdict:
@@ -228,8 +234,8 @@ def verify(image: Any, scene: Scene) -> Verdict:
     return check(_detect(rgb), scene, size=rgb.shape[0])
 
 
-def score_batch(images: Any, scenes: Sequence[Scene]) -> tuple[np.ndarray, np.ndarray]:
-    """Scores and strict flags (both float32 ``(B,)``) for a batch.
+def verify_batch(images: Any, scenes: Sequence[Scene]) -> list[Verdict]:
+    """One :class:`Verdict` per image of a batch.
 
     ``images`` is a torch tensor or numpy array, ``(B, 3, H, W)`` float in [0, 1] (clipped; model outputs)
     or ``(B, H, W, 3)`` uint8 (or float in [0, 1]).
@@ -239,9 +245,12 @@ def score_batch(images: Any, scenes: Sequence[Scene]) -> tuple[np.ndarray, np.nd
     arr = np.asarray(images)
     if arr.ndim != 4 or len(arr) != len(scenes):
         raise ValueError(f"expected a (B, ...) batch of {len(scenes)} images, got shape {arr.shape}")
-    scores = np.empty(len(arr), dtype=np.float32)
-    strict = np.empty(len(arr), dtype=np.float32)
-    for i, (image, scene) in enumerate(zip(arr, scenes, strict=True)):
-        verdict = verify(image, scene)
-        scores[i], strict[i] = verdict.score, verdict.strict
+    return [verify(image, scene) for image, scene in zip(arr, scenes, strict=True)]
+
+
+def score_batch(images: Any, scenes: Sequence[Scene]) -> tuple[np.ndarray, np.ndarray]:
+    """Scores and strict flags (both float32 ``(B,)``) for a batch (as :func:`verify_batch` takes it)."""
+    verdicts = verify_batch(images, scenes)
+    scores = np.asarray([v.score for v in verdicts], dtype=np.float32)
+    strict = np.asarray([v.strict for v in verdicts], dtype=np.float32)
     return scores, strict
