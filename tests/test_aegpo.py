@@ -154,7 +154,9 @@ def test_observe_probes_one_trajectory_per_prompt(tiny: object) -> None:
     assert torch.allclose(rows.mean(0), torch.tensor(curve), atol=1e-6)
     x0 = probe_module.probe_noise(tiny, ["a"], 0)  # type: ignore[arg-type]
     h0 = tiny.attention_entropy(x0, torch.ones(1), tiny.encode(["a"]), selector.config.attention)  # type: ignore[attr-defined]
-    assert float(h0[0]) == pytest.approx(float(rows[0, 0]), abs=1e-5)
+    # one prompt alone vs in a batch of three: float32 attention over other batch shapes moves the entropy
+    # (about 3 nats) by ~1e-6 relative (0 measured here); rel 1e-5 still fails on another noise or level
+    assert float(h0[0]) == pytest.approx(float(rows[0, 0]), rel=1e-5)
     state = selector.state_dict()
     again = flowrl.build("selector", {"type": "aegpo_topk", "k": 2})
     again.load_state_dict(state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,10 +43,15 @@ def test_two_processes_equal_one(tmp_path: Path) -> None:
         for name in ("one", "two")
     }
     assert len(rows["one"]) == len(rows["two"]) == 2
+    # Not bitwise: a process runs 4 rows where one process runs 8 (other GEMM shapes) and the gradients are summed
+    # across processes; the values differ by ~1e-7 relative (measured at 1 and 2 threads, AVX2 and default
+    # kernels). rel 1e-5 for rewards, advantages and the gradient norm (0.02); atol 1e-6 for the loss, a mean of
+    # terms of order 1 that cancel to ~1e-9, and for the weights (|w| <= 1, differences ~2e-8).
     for a, b in zip(rows["one"], rows["two"], strict=True):
         assert a["nfe"] == b["nfe"]
-        for key in ("reward/total", "advantage/abs_mean", "loss", "grad_norm"):
-            assert abs(a[key] - b[key]) <= 1e-6, (key, a[key], b[key])
+        for key in ("reward/total", "advantage/abs_mean", "grad_norm"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-5), (key, a[key], b[key])
+        assert abs(a["loss"] - b["loss"]) <= 1e-6, ("loss", a["loss"], b["loss"])
     final = "checkpoints/step_000002/weights.safetensors"
     w1, w2 = load_file(str(tmp_path / "one" / final)), load_file(str(tmp_path / "two" / final))
     assert w1.keys() == w2.keys()

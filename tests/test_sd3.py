@@ -55,7 +55,10 @@ def test_all_ode_plan_matches_sd3_pipeline(guidance_scale: float, grid: str) -> 
             output_type="latent",
         ).images
     assert ours.shape == theirs.shape == (3, 4, 16, 16)
-    assert (ours - theirs).abs().max() <= 1e-5
+    # not bitwise: the pipeline encodes the negative prompt with the batch (flowrl once, alone) and gets the uniform
+    # grid as a list; the gap moves with the thread count and the processor (up to 2.9e-6 measured, on latents of
+    # ~4.3 with CFG): a tolerance of 1e-5 of the latents' scale is 15x that
+    assert (ours - theirs).abs().max() <= 1e-5 * theirs.abs().max()
     assert ours.std() > 0.1
 
 
