@@ -65,7 +65,7 @@ def test_constant_group_is_zero_and_nothing_is_nan(values, n, unbiased, global_s
     assert torch.isfinite(a).all()
     assert bool((a[g == 0] == 0).all()) and bool((a[1 : len(values)] == 0).all())  # singletons too
     const = torch.full((5,), 0.1, dtype=torch.float64)  # 0.1 * 5 / 5 != 0.1 in floating point
-    for eps in (0.0, 1e-4):
+    for eps in (0.0, 1e-4):  # exact: a constant group (min == max) is set to zeros, not computed
         assert torch.equal(group_normalize(const, torch.zeros(5, dtype=torch.long), eps=eps), torch.zeros(5))
 
 
@@ -79,7 +79,7 @@ def test_positive_affine_invariance_per_group(data, draw) -> None:
     shift = torch.tensor(draw.draw(st.lists(st.floats(-100, 100), min_size=n, max_size=n)))
     idx = torch.searchsorted(labels, g)
     mapped = r * scale[idx].double() + shift[idx].double()
-    for unbiased in (False, True):
+    for unbiased in (False, True):  # float64 z-scores of order 1: atol 1e-7 is a relative bound (errors ~1e-14)
         torch.testing.assert_close(
             group_normalize(mapped, g, eps=0.0, clip=None, unbiased=unbiased),
             group_normalize(r, g, eps=0.0, clip=None, unbiased=unbiased),
@@ -101,6 +101,7 @@ def test_permutation_and_relabelling(data, draw, unbiased, global_std) -> None:
         draw.draw(st.lists(st.integers(0, 10**6), min_size=len(labels), max_size=len(labels), unique=True))
     )
     relabelled = new[torch.searchsorted(labels, g)]
+    # exact: new labels keep each group's members and the order they are summed in
     torch.testing.assert_close(group_normalize(r, relabelled, **kw), a, atol=0, rtol=0)
 
 
@@ -114,7 +115,7 @@ def test_clip_bounds_and_options_match_reference(data, clip, unbiased, global_st
     torch.testing.assert_close(a, want, atol=1e-9, rtol=1e-9)
     unclipped = group_normalize(r, g, clip=None, unbiased=unbiased, global_std=global_std)
     torch.testing.assert_close(unclipped, reference(r, g, 1e-4, unbiased, global_std), atol=1e-9, rtol=1e-9)
-    assert torch.equal(group_normalize(r, g, clip=0, unbiased=unbiased, global_std=global_std), unclipped)
+    assert torch.equal(group_normalize(r, g, clip=0, unbiased=unbiased, global_std=global_std), unclipped)  # no clip
 
 
 def test_clip_activates_and_unbiased_by_hand() -> None:
@@ -122,7 +123,7 @@ def test_clip_activates_and_unbiased_by_hand() -> None:
     r[0] = 1.0  # the outlier of 30 has biased z = sqrt(29) > 5
     g = torch.zeros(30, dtype=torch.long)
     assert float(group_normalize(r, g, eps=0.0, clip=None)[0]) == pytest.approx(math.sqrt(29))
-    assert float(group_normalize(r, g, eps=0.0)[0]) == 5.0
+    assert float(group_normalize(r, g, eps=0.0)[0]) == 5.0  # clamped: the bound itself
     a = group_normalize(torch.tensor([1.0, 2, 3]), torch.zeros(3, dtype=torch.long), eps=0.0, unbiased=True)
     torch.testing.assert_close(a, torch.tensor([-1.0, 0.0, 1.0]))
     assert a.dtype == torch.float32
@@ -203,6 +204,7 @@ def test_single_reward_modes(data, global_std, unbiased) -> None:
     kw = {"global_std": global_std, "unbiased": unbiased}
     one = RewardBatch(scores={"x": r}, weights={"x": 1.0})
     then_one = _est(multi_reward="normalize_then_sum", **kw)(one, rollout).values
+    # exact: both modes normalise r itself (0 + 1.0 * r is r) and clip once
     assert torch.equal(_est(**kw)(one, rollout).values, then_one)
     two = RewardBatch(scores={"x": r}, weights={"x": 2.0})
     first = _est(clip=None, **kw)(two, rollout).values  # scale-invariant: normalise(2 r) = normalise(r)

@@ -127,7 +127,7 @@ def test_std_zero_step_is_finite(kernel) -> None:
     s, s_next = torch.full((8,), 0.3), torch.zeros(8)
     out = kernel.step(x, v, s, s_next, S_AT_ONE, torch.randn(x.shape))
     assert (out.std == 0).all()
-    assert torch.isfinite(out.next).all() and torch.equal(out.next, out.mean)
+    assert torch.isfinite(out.next).all() and torch.equal(out.next, out.mean)  # exact: mean + 0 * noise
     assert torch.isposinf(out.log_prob).all()  # a point mass; never trained
     out.next.sum().backward()
     assert torch.isfinite(x.grad).all()

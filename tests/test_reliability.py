@@ -132,4 +132,5 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
     assert [r["reward/total"] for r in a] == [r["reward/total"] for r in b]
     last = "checkpoints/step_000005/weights.safetensors"
     wa, wb = load_file(str(tmp_path / "full" / last)), load_file(str(tmp_path / "killed" / last))
+    # exact: a resumed run replays the same batches, draws and optimiser state through the same arithmetic
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -173,7 +173,7 @@ def test_sd3_loads_a_saved_folder_and_fails_clearly_offline(tmp_path: Path) -> N
     )
     built = flowrl.build("backbone", {"type": "tiny_sd3", "resolution": 16})
     x1 = loaded.noise(3, torch.Generator().manual_seed(0))
-    assert torch.equal(_ode(loaded, 2, x1), _ode(built, 2, x1))
+    assert torch.equal(_ode(loaded, 2, x1), _ode(built, 2, x1))  # exact: the same weights and code, one process
     with pytest.raises(OSError, match="cannot load StableDiffusion3Pipeline from hub id"):
         flowrl.build("backbone", {"type": "sd3", "path": "nobody/no-such-model-xyz"})
     with pytest.raises(ValueError, match="multiple of 4"):

@@ -113,6 +113,7 @@ def test_one_step_without_weighting_equals_egrpo_rollouts_and_advantages() -> No
         out.append((plan, rollout, recipe.build("advantage")(rewards, rollout)))
     (plan_e, a, adv_a), (plan_t, b, adv_b) = out
     assert plan_e.units == plan_t.units == (Unit(2),)
+    # exact: tempflow_branch without weighting runs anchor_branch's rollout (the same draws and forwards)
     assert torch.equal(a.images, b.images) and torch.equal(a.group, b.group) and a.nfe == b.nfe
     for field in ("inputs", "x_next", "log_prob", "input_index", "rollout_index", "weight"):
         assert torch.equal(getattr(a.transitions, field), getattr(b.transitions, field))

@@ -199,6 +199,7 @@ def test_encode_prompt(variant: str, pixel_pipe: FluxPipeline, latent_pipe: Flux
     with torch.no_grad():
         hidden = pipe.text_encoder(ids).last_hidden_state
     eos_pos = (ids == EOS_ID).int().argmax(-1)
+    # exact: the same text encoder on the same padded ids (the same batch); pooled is a row of its output
     torch.testing.assert_close(pooled, hidden[torch.arange(3), eos_pos], rtol=0, atol=0)
 
 
@@ -250,6 +251,7 @@ def test_save_load_round_trip(
     assert loaded.tokenizer.model_max_length == loaded.tokenizer_2.model_max_length == spec.max_length
     assert loaded.scheduler.config.shift == spec.shift
 
+    # exact from here: bitwise-equal weights, the same inputs and the same code in one process
     with torch.no_grad():
         a = pipe.encode_prompt(prompt=PROMPTS, prompt_2=None, max_sequence_length=spec.max_length)
         b = loaded.encode_prompt(prompt=PROMPTS, prompt_2=None, max_sequence_length=spec.max_length)

@@ -65,6 +65,7 @@ def test_resume_continues_the_same_run(tmp_path: Path) -> None:
     assert [r["reward/total"] for r in a] == [r["reward/total"] for r in b]
     wa = load_file(str(full / "checkpoints" / "step_000003" / "weights.safetensors"))
     wb = load_file(str(resumed / "checkpoints" / "step_000003" / "weights.safetensors"))
+    # exact: a resumed run replays the same batches, draws and optimiser state through the same arithmetic
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
