@@ -130,3 +130,36 @@ def sample(args: argparse.Namespace) -> int:
     save_grid_png(images, rows=len(args.prompt), path=Path(args.out))
     print(f"wrote {args.out} ({len(prompts)} images)")
     return 0
+
+
+def profile(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from flowrl.loading import load_policy
+    from flowrl.profile import format_profile, front_to_back, plot_profile, reward_profile
+    from flowrl.types import Schedule
+
+    loaded = load_policy(Path(args.path), args.set)
+    sampler = loaded.recipe.parts["sampler"].config
+    schedule = Schedule(
+        loaded.backbone.schedule_sigmas(sampler.num_steps, sampler.shift), loaded.recipe.build("kernel")
+    )
+    group = args.group_size or int(getattr(sampler, "group_size", 8))
+    prompts = loaded.prompts.sample(args.prompts, torch.Generator().manual_seed(args.seed))
+    with tqdm(total=schedule.num_steps, desc="profile", disable=args.json, leave=False) as bar:
+        rows = reward_profile(loaded.backbone, prompts, loaded.rewards, schedule, group, args.seed, bar)
+    ratio = front_to_back(rows)
+    if args.json:
+        print(json.dumps({"prompts": len(prompts), "group_size": group, "front_to_back": ratio, "steps": rows}))
+    else:
+        kernel = loaded.recipe.parts["kernel"]
+        print(f"{loaded.recipe.name}: {kernel.type} {kernel.to_table()}, N = {schedule.num_steps}, G = {group}")
+        print("spread: within-group std of the final reward when only this step is SDE (shared initial noise)")
+        print(format_profile(rows))
+        print(f"first third / last third of the steps: {ratio:.2f}x the reward spread")
+    if args.plot:
+        plot_profile(rows, Path(args.plot), f"{loaded.recipe.name}: reward spread per perturbed step")
+        if not args.json:
+            print(f"wrote {args.plot}")
+    return 0

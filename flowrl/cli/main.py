@@ -86,6 +86,16 @@ def parser() -> argparse.ArgumentParser:
     en.add_argument("--plot", default="entropy.png", help="where to write the PNG ('' for none)")
     en.set_defaults(func=commands.entropy)
 
+    pr = sub.add_parser("profile", help="reward spread when one step at a time is stochastic (where RL can act)")
+    pr.add_argument("path", help="a recipe (its initial policy), run folder or checkpoint")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
+    pr.add_argument("--prompts", type=_positive, default=32, help="training prompts to sample (default 32)")
+    pr.add_argument("--group-size", type=_positive, default=None, metavar="G", help="default: the sampler's")
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.add_argument("--plot", default="", help="write a PNG of the profile here")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.set_defaults(func=commands.profile)
+
     from flowrl.bench.cli import configure as configure_bench
     from flowrl.world.pretrain_cli import configure as configure_pretrain
 
