@@ -66,7 +66,7 @@ def test_pretrain_saves_a_loadable_world_tiny(tmp_path: Path) -> None:
     assert len(result.losses) == 4 and all(math.isfinite(v) for v in result.losses)
     assert len(result.evals) == 1 and 0.0 <= result.evals[0]["test/score"] <= 1.0 and "novel/strict" in result.evals[0]
     backbone = flowrl.build("backbone", {"type": "world_tiny", "path": str(out)})
-    assert backbone.pixel_space and backbone.latent_shape == (64, 48)
+    assert backbone.pixel_space and backbone.latent_shape == (16, 192)  # 8 x 8-pixel tokens of 3 channels
     initial = build_backbone(recipe.model, recipe.seed).transformer.state_dict()
     changed = [k for k, v in backbone.transformer.state_dict().items() if not torch.equal(v, initial[k])]
     assert changed, "pre-training did not change the transformer's weights"
@@ -103,7 +103,7 @@ def test_cli_pretrain_runs(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "held-out score" in proc.stdout
+    assert "test score" in proc.stdout and "novel score" in proc.stdout
     assert (out / "model_index.json").exists() and (out / "transformer").is_dir()
 
 
@@ -138,11 +138,11 @@ def test_shipped_base_model_loads_and_is_small() -> None:
     assert (BASE_MODEL / "model_index.json").exists(), "run: flowrl pretrain recipes/pretrain/world.toml"
     assert _folder_mb(BASE_MODEL) <= 20.0
     backbone = flowrl.build("backbone", {"type": "world_tiny"})
-    assert backbone.pixel_space and backbone.latent_shape == (64, 48)
+    assert backbone.pixel_space and backbone.latent_shape == (16, 192)
     tokenizer = backbone.pipe.tokenizer_2
     ids = tokenizer(" ".join(vocabulary()))["input_ids"]
     assert tokenizer.unk_token_id not in ids  # every world word is in the vocabulary
-    assert sum(p.numel() for p in backbone.transformer.parameters()) < 1_000_000  # fast enough for RL on CPU
+    assert sum(p.numel() for p in backbone.transformer.parameters()) < 3_000_000  # fast enough for RL on CPU
 
 
 def _weights_only(recipe: PretrainRecipe) -> PretrainRecipe:
@@ -169,14 +169,14 @@ def test_pool_rendered_by_several_processes_equals_one_pass() -> None:
     assert not np.array_equal(on_cells, render_batch(scenes, 3, 32))
 
 
-def test_miscaptioned_scenes_recolour_one_group_and_stay_in_train() -> None:
+def test_miscaptioned_scenes_recolour_one_group_and_never_draw_a_novel_pair() -> None:
     scenes = sample_scenes("train", 1000, 5)
     assert miscaptioned(scenes, 0.0, 1) == scenes
     assert miscaptioned(scenes, 0.5, 1) == miscaptioned(scenes, 0.5, 1)  # deterministic for a seed
     changed = [(a, b) for a, b in zip(scenes, miscaptioned(scenes, 0.5, 1), strict=True) if a != b]
     assert 0.4 < len(changed) / len(scenes) < 0.6
     for caption, drawn in zip(scenes, miscaptioned(scenes, 1.0, 2), strict=True):
-        assert scene_split(drawn) == "train"  # never a held-out colour-shape pair in the images
+        assert scene_split(drawn) != "novel"  # never a held-out colour-shape pair in the images
         assert drawn.relation == caption.relation and len(drawn.groups) == len(caption.groups)
         diffs = [(g, h) for g, h in zip(caption.groups, drawn.groups, strict=True) if g != h]
         assert len(diffs) == 1

@@ -1,4 +1,4 @@
-"""Pre-training the embedded world's base model by flow matching on rendered train-split images.
+"""Pre-training the embedded world's base model by flow matching on rendered train- and test-split images.
 
 The model is a pixel-space tiny ``FluxPipeline`` (no VAE; ``patch x patch`` pixel tokens) built by
 :func:`flowrl.backbones.tiny.tiny_flux_pipeline` over the world's :func:`~flowrl.world.vocabulary`. Each
@@ -439,7 +439,7 @@ class Pretrainer:
         self.pool_prompts = [s.text for s in scenes]
 
     def batch(self, step: int) -> tuple[torch.Tensor, list[str]]:
-        """One batch of train-split images ``(B, 3, H, W)`` in [0, 1] and their prompts."""
+        """One batch of train- and test-split images ``(B, 3, H, W)`` in [0, 1] and their prompts."""
         b = self.cfg.batch_size
         if self.pool is not None:
             index = torch.randint(len(self.pool), (b,), generator=self.generator)
@@ -559,7 +559,7 @@ class Pretrainer:
         start = time.perf_counter()
         if cfg.pool_size:
             self.render_pool()
-            self.log(f"rendered {cfg.pool_size} train-split images in {time.perf_counter() - start:.1f}s")
+            self.log(f"rendered {cfg.pool_size} train- and test-split images in {time.perf_counter() - start:.1f}s")
         losses: list[float] = []
         evals: list[dict[str, float]] = []
         eval_s = 0.0
