@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_world_probe_prints_one_row_per_level() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "scripts/world_probe.py", "--levels", "0.5,0.9", "--grid", "4"]
+    command = [sys.executable, "scripts/world_probe.py", "--levels", "0.5,0.9"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.strip()[:1].isdigit()]
