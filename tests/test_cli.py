@@ -62,3 +62,12 @@ def test_missing_checkpoint_is_a_user_error(tmp_path: Path) -> None:
     out = flowrl_cli("eval", str(tmp_path))
     assert out.returncode == 2
     assert "no checkpoint found" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_entropy_writes_a_plot_only_when_asked(tmp_path: Path) -> None:
+    recipe = str(ROOT / "recipes" / "egrpo.toml")
+    out = flowrl_cli("entropy", recipe, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "units (start, merge)" in out.stdout and not any(tmp_path.iterdir())
+    out = flowrl_cli("entropy", recipe, "--plot", "e.png", cwd=tmp_path)
+    assert out.returncode == 0 and (tmp_path / "e.png").stat().st_size > 1000

@@ -83,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     en.add_argument("recipe")
     en.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     en.add_argument("--max-merge", type=int, default=4, help="merge counts to tabulate (1..K)")
-    en.add_argument("--plot", default="entropy.png", help="where to write the PNG ('' for none)")
+    en.add_argument("--plot", default="", help="also write a PNG of the entropy per step here")
     en.set_defaults(func=commands.entropy)
 
     pr = sub.add_parser("profile", help="reward spread when one step at a time is stochastic (where RL can act)")
