@@ -18,7 +18,7 @@ from flowrl.types import Plan, Schedule, Unit
 @torch.no_grad()
 def ode_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed: int, batch: int = 64) -> Tensor:
     """Images for ``prompts`` by the deterministic ODE sampler; initial noise fixed by ``seed``."""
-    return _sample(backbone, prompts, schedule, seed, batch, Plan(units=(), trained=()))
+    return sample_images(backbone, prompts, schedule, seed, Plan(units=(), trained=()), batch)
 
 
 @torch.no_grad()
@@ -26,18 +26,32 @@ def sde_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed:
     """Images for ``prompts`` with the schedule's SDE kernel on every step (one independent noise stream
     per row, fixed by ``seed``): the stochastic samples pass@G is measured on."""
     units = tuple(Unit(i) for i in range(schedule.num_steps))
-    return _sample(backbone, prompts, schedule, seed, batch, Plan(units=units, trained=()))
+    return sample_images(backbone, prompts, schedule, seed, Plan(units=units, trained=()), batch)
 
 
-def _sample(backbone: Backbone, prompts: list[str], schedule: Schedule, seed: int, batch: int, plan: Plan) -> Tensor:
+def sample_images(
+    backbone: Backbone,
+    prompts: list[str],
+    schedule: Schedule,
+    seed: int,
+    plan: Plan,
+    batch: int = 64,
+    initial: Tensor | None = None,
+    iteration: int = 0,
+) -> Tensor:
+    """Images for ``prompts`` walked down ``schedule`` with ``plan``'s SDE units, ``batch`` rows at a time.
+
+    The initial noise is ``initial`` (one row per prompt) or drawn chunk by chunk from ``seed``; SDE noise
+    comes from one generator per row, keyed by ``seed``, ``iteration`` and the row's index.
+    """
     generator = torch.Generator().manual_seed(seed)
     out = []
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
         cond = backbone.encode(chunk)
-        x = backbone.noise(len(chunk), generator)
+        x = backbone.noise(len(chunk), generator) if initial is None else initial[start : start + len(chunk)]
         rows = torch.arange(len(chunk))
-        rng = RolloutRNG(seed, 0, range(start, start + len(chunk))) if plan.units else None
+        rng = RolloutRNG(seed, iteration, range(start, start + len(chunk))) if plan.units else None
         out.append(backbone.decode(walk(backbone, x, cond, rows, 0, plan, schedule, rng)).cpu())
     return torch.cat(out)
 

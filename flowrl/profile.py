@@ -18,10 +18,9 @@ import numpy as np
 import torch
 
 from flowrl.entropy import jump_std
+from flowrl.evaluate import sample_images
 from flowrl.interfaces import Backbone, RewardModel
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.walk import walk
-from flowrl.types import Plan, Schedule, Unit
+from flowrl.types import Plan, RewardBatch, Schedule, Unit
 
 
 @torch.no_grad()
@@ -29,18 +28,10 @@ def one_step_images(
     backbone: Backbone, prompts: list[str], schedule: Schedule, step: int, group: int, seed: int, batch: int = 64
 ) -> torch.Tensor:
     """``group`` images per prompt (prompt-major): shared initial noise per prompt, SDE at ``step`` only."""
-    plan = Plan(units=(Unit(step),), trained=())
-    noise = backbone.noise(len(prompts), torch.Generator().manual_seed(seed))
-    x_all = noise.repeat_interleave(group, 0)
+    noise = backbone.noise(len(prompts), torch.Generator().manual_seed(seed)).repeat_interleave(group, 0)
     repeated = [p for p in prompts for _ in range(group)]
-    out = []
-    for start in range(0, len(repeated), batch):
-        chunk = repeated[start : start + batch]
-        rows = torch.arange(len(chunk))
-        rng = RolloutRNG(seed, step, range(start, start + len(chunk)))
-        x = x_all[start : start + len(chunk)].to(noise.device)
-        out.append(backbone.decode(walk(backbone, x, backbone.encode(chunk), rows, 0, plan, schedule, rng)).cpu())
-    return torch.cat(out)
+    plan = Plan(units=(Unit(step),), trained=())
+    return sample_images(backbone, repeated, schedule, seed, plan, batch, initial=noise, iteration=step)
 
 
 def reward_profile(
@@ -54,13 +45,13 @@ def reward_profile(
 ) -> list[dict[str, float]]:
     """One row per step: ``step``, ``sigma``, the kernel's ``std``, the mean within-group ``spread`` of the
     weighted reward and the share of groups whose reward is not constant (``nonzero``)."""
+    repeated = [p for p in prompts for _ in range(group)]
+    weights = {name: w for name, w, _ in rewards}
     rows = []
     for i in range(schedule.num_steps):
         images = one_step_images(backbone, prompts, schedule, i, group, seed)
-        repeated = [p for p in prompts for _ in range(group)]
-        total = sum(w * model.score(images, repeated).double() for _, w, model in rewards)
-        table = torch.as_tensor(total).reshape(len(prompts), group).numpy()
-        spread = table.std(axis=1)
+        scores = {name: model.score(images, repeated).double() for name, _, model in rewards}
+        spread = RewardBatch(scores=scores, weights=weights).total.reshape(len(prompts), group).numpy().std(axis=1)
         rows.append(
             {
                 "step": i,
