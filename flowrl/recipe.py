@@ -116,7 +116,7 @@ def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), sou
     data = dict(_deep_copy(data))
     problems: list[tuple[str, str]] = []
     for item in overrides:
-        _apply_override(data, item, problems)
+        apply_override(data, item, problems)
     for key in data:
         if key not in TOP_KEYS:
             close = difflib.get_close_matches(key, TOP_KEYS, n=1)
@@ -236,23 +236,32 @@ def _structure_table(cls: type, data: Any, path: str, problems: list[tuple[str, 
         return cls()
 
 
-def _apply_override(data: dict[str, Any], item: str, problems: list[tuple[str, str]]) -> None:
+def apply_override(data: dict[str, Any], item: str, problems: list[tuple[str, str]]) -> None:
+    """Apply one ``--set table.key=value`` to parsed recipe data in place; a malformed one adds a problem.
+
+    The value is read as TOML (a bare word is a string); ``[[reward]]`` lists are addressed at their first
+    table; a key below a plain value (``sampler.group_size.x``) is a problem, not a crash."""
     key, sep, raw = item.partition("=")
-    if not sep or not key:
+    names = key.strip().split(".")
+    if not sep or not all(names):
         problems.append(("--set", f"expected table.key=value, got {item!r}"))
         return
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw  # a bare word is a string
-    *tables, last = key.strip().split(".")
+    *tables, last = names
     node: Any = data
-    for table in tables:
+    for depth, table in enumerate(tables):
         if isinstance(node, list):  # [[reward]]: address the first table
             node = node[0] if node else {}
         node = node.setdefault(table, {})
+        if not isinstance(node, dict | list) or (isinstance(node, list) and node and not isinstance(node[0], dict)):
+            where = ".".join(tables[: depth + 1])
+            problems.append(("--set", f"{where} is a value ({node!r}), not a table, so {key.strip()} cannot be set"))
+            return
     if isinstance(node, list):
-        node = node[0]
+        node = node[0] if node else {}
     node[last] = value
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from flowrl.pretrain import load_pretrain_recipe
 from flowrl.world.components import BASE_MODEL, WorldTiny
 from flowrl.world.grammar import sample_scenes
-from flowrl.world.pretrain import load_pretrain_recipe
 from flowrl.world.render import Lattice, render_batch
 
 

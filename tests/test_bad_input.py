@@ -249,6 +249,15 @@ CASES = [
         ("tiny.toml", "--set"),
     ),
     Case(
+        "set-below-a-value",
+        "a `--set` key below a plain value (`sampler.group_size.x=1`)",
+        ("show", "tiny.toml", "--set", "sampler.group_size.x=1"),
+        recipe(),
+        "recipe error: 1 problem in tiny.toml\n  [--set] sampler.group_size is a value (4), not a table, so "
+        "sampler.group_size.x cannot be set",
+        ("tiny.toml", "--set"),
+    ),
+    Case(
         "set-wrong-type",
         "a `--set` override whose value has the wrong type",
         ("show", "tiny.toml", "--set", "sampler.group_size=many"),

@@ -16,21 +16,13 @@ from conftest import ROOT
 
 import flowrl
 from flowrl.cli.main import main
+from flowrl.pretrain import Pretrainer, PretrainRecipe, PretrainRecipeError, load_pretrain_recipe, pretrain
+from flowrl.pretrain.data import miscaptioned, render_parallel
+from flowrl.pretrain.model import build_backbone
+from flowrl.pretrain.recipe import EvalConfig, training_device
 from flowrl.world import vocabulary
 from flowrl.world.components import BASE_MODEL
 from flowrl.world.grammar import sample_scenes, scene_split
-from flowrl.world.pretrain import (
-    EvalConfig,
-    Pretrainer,
-    PretrainRecipe,
-    PretrainRecipeError,
-    build_backbone,
-    load_pretrain_recipe,
-    miscaptioned,
-    pretrain,
-    render_parallel,
-    training_device,
-)
 from flowrl.world.render import Lattice, render_batch
 
 RECIPE = ROOT / "recipes" / "pretrain" / "world_clean.toml"  # stage 1: from random weights

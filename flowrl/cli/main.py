@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=commands.profile)
 
     from flowrl.bench.cli import configure as configure_bench
-    from flowrl.world.pretrain_cli import configure as configure_pretrain
+    from flowrl.pretrain.cli import configure as configure_pretrain
 
     configure_pretrain(sub.add_parser("pretrain", help="pre-train the embedded world's base model by flow matching"))
     configure_bench(sub.add_parser("bench", help="run recipes x seeds on the embedded benchmark; write a report"))

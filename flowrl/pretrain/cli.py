@@ -1,7 +1,7 @@
 """``flowrl pretrain`` arguments: pre-train the embedded world's base model from a pre-training recipe.
 
 Module-level imports stay light (no torch) so ``flowrl --help`` is quick; the work is in
-:mod:`flowrl.world.pretrain`.
+:mod:`flowrl.pretrain.trainer`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flowrl.world.pretrain import load_pretrain_recipe, pretrain
+    from flowrl.pretrain import load_pretrain_recipe, pretrain
 
     recipe = load_pretrain_recipe(args.recipe, args.set)
     result = pretrain(recipe, args.output_dir, quiet=args.quiet)

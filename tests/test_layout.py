@@ -1,0 +1,34 @@
+"""The house rules that code review alone would let slip: file sizes and the core never importing the zoo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+MAX_LINES = 500  # one concept per file
+
+
+def test_no_source_file_passes_500_lines() -> None:
+    sources = sorted((ROOT / "flowrl").rglob("*.py")) + sorted((ROOT / "zoo").rglob("*.py"))
+    assert len(sources) > 50  # the walk found the packages
+    long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these files (over {MAX_LINES} lines): {long}"
+
+
+def test_importing_every_core_module_leaves_the_zoo_unimported() -> None:
+    # In a fresh interpreter: the test session itself has imported the zoo long ago.
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import flowrl\n"
+        "names = [m.name for m in pkgutil.walk_packages(flowrl.__path__, 'flowrl.')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "zoo = sorted(m for m in sys.modules if m.split('.')[0] == 'flowrl_zoo')\n"
+        "print(len(names), zoo)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    count, zoo = out.stdout.strip().split(" ", 1)
+    assert int(count) > 50
+    assert zoo == "[]", f"core modules imported the zoo: {zoo}"
