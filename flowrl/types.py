@@ -78,11 +78,29 @@ class Plan:
         if any(not 0 <= t < len(self.units) for t in self.trained):
             raise ValueError(f"trained indices {self.trained} out of range for {len(self.units)} units")
 
+    def check(self, num_steps: int) -> None:
+        """Raise :class:`PlanError` unless every unit lies inside a schedule of ``num_steps`` steps
+        (``0 <= start``, ``merge >= 1``, ``end <= num_steps``), no two units overlap, and every group size
+        is at least 1. The sampler's walk would otherwise skip a stray unit silently and train less."""
+        previous: Unit | None = None
+        for unit in self.units:
+            if unit.start < 0 or unit.merge < 1 or unit.end > num_steps:
+                raise PlanError(f"unit {unit} lies outside the schedule's steps 0..{num_steps - 1}")
+            if previous is not None and unit.start < previous.end:
+                raise PlanError(f"units {previous} and {unit} overlap")
+            previous = unit
+        if self.group_sizes is not None and min(self.group_sizes, default=1) < 1:
+            raise PlanError(f"group sizes must be at least 1, got {self.group_sizes}")
+
     def unit_at(self, step: int) -> Unit | None:
         for unit in self.units:
             if unit.start == step:
                 return unit
         return None
+
+
+class PlanError(ValueError):
+    """A selector returned a plan that does not fit the schedule (a bug in the selector, not in the recipe)."""
 
 
 @attrs.define

@@ -406,6 +406,17 @@ CASES = [
         pythonpath=True,
     ),
     Case(
+        "reward-always-nan",
+        '`[[reward]] type = "test_reliability:NaNOnSecondCall"`, `always = true`: NaN in every iteration of a '
+        "run shorter than `max_bad_steps`",
+        ("train", "tiny.toml"),
+        recipe(edit=reward({"type": "test_reliability:NaNOnSecondCall", "always": True})),
+        "error: the run trained nothing: 1 iteration, 1 skipped for NaN or inf, the others without a transition "
+        "to train (check the rewards and the selector's trained units)",
+        ("trained nothing",),
+        pythonpath=True,
+    ),
+    Case(
         "reward-wrong-shape",
         '`[[reward]] type = "test_bad_input:WrongShape"`, `name = "colour"`: scores of shape (B, 3)',
         ("train", "tiny.toml"),

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -16,10 +17,10 @@ import torch
 from conftest import ROOT, tiny_recipe
 from safetensors.torch import load_file
 
-from flowrl import RewardModel
+from flowrl import Plan, RewardModel, Schedule, TimestepSelector, Unit
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import train
-from flowrl.trainer.loop import NonFiniteError, RewardError
+from flowrl.trainer.loop import NonFiniteError, NothingTrainedError, RewardError
 
 
 class NaNOnSecondCall(RewardModel):
@@ -78,6 +79,34 @@ def test_too_many_bad_steps_stop_with_a_message(tmp_path: Path) -> None:
     assert len(rows(tmp_path / "run")) == 1  # what was written stays
 
 
+class TrainsNothing(TimestepSelector):
+    """A selector that makes step 0 stochastic but trains none of its units."""
+
+    @attrs.frozen
+    class Config:
+        pass
+
+    def plan(self, schedule: Schedule, iteration: int, generator: torch.Generator) -> Plan:
+        return Plan(units=(Unit(0),), trained=())
+
+
+@pytest.mark.parametrize(
+    ("edit", "skipped"),
+    [
+        (lambda d: d.update(reward=[{"type": f"{__name__}:NaNOnSecondCall", "always": True}]), 3),
+        (lambda d: d.update(selector={"type": f"{__name__}:TrainsNothing"}), 0),
+    ],
+    ids=["every-reward-nan", "no-trained-unit"],
+)
+def test_a_run_that_trained_nothing_fails(tmp_path: Path, edit: Callable[[dict], None], skipped: int) -> None:
+    data = tiny_recipe(max_steps=3)
+    edit(data)
+    with pytest.raises(NothingTrainedError, match=f"trained nothing: 3 iterations, {skipped} skipped for NaN"):
+        train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    assert len(rows(tmp_path / "run")) == 3  # the records of what happened stay
+    assert (tmp_path / "run" / "checkpoints" / "step_000003").is_dir()
+
+
 def test_a_raising_reward_names_itself(tmp_path: Path) -> None:
     data = with_reward({"type": f"{__name__}:Raises", "name": "hps"})
     with pytest.raises(RewardError, match=r"reward 'hps' \(Raises\) failed: RuntimeError: CUDA out of memory"):
@@ -109,7 +138,7 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     wait_for_rows(tmp_path / "run", 2, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 143, err  # 128 + SIGTERM: a shell's `train && eval` stops here
     assert "SIGTERM: checkpoint written" in err
     step = len(rows(tmp_path / "run"))
     assert (tmp_path / "run" / "checkpoints" / f"step_{step:06d}" / "weights.safetensors").exists()

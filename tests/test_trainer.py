@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from conftest import tiny_recipe
 from safetensors.torch import load_file
 
+from flowrl import Plan, PlanError, Schedule, TimestepSelector, Unit
 from flowrl.loading import load_policy
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import Trainer, train
@@ -98,3 +100,36 @@ def test_time_limit_stops_the_run_with_a_final_evaluation(tmp_path: Path) -> Non
     rows = metrics(train(recipe, tmp_path / "run", quiet=True))
     assert [r["step"] for r in rows] == [0, 1]  # the initial evaluation, then one iteration
     assert "eval/score" in rows[-1]
+
+
+class StraySelector(TimestepSelector):
+    """A buggy selector: its second unit starts past the 4-step schedule."""
+
+    @attrs.frozen
+    class Config:
+        pass
+
+    def plan(self, schedule: Schedule, iteration: int, generator: torch.Generator) -> Plan:
+        return Plan(units=(Unit(0), Unit(schedule.num_steps + 2)), trained=(0, 1))
+
+
+@pytest.mark.parametrize(
+    ("units", "problem"),
+    [
+        ((Unit(-20),), "outside the schedule"),
+        ((Unit(3, merge=2),), "outside the schedule"),
+        ((Unit(0, merge=0),), "outside the schedule"),
+        ((Unit(0, merge=2), Unit(1)), "overlap"),
+    ],
+)
+def test_plan_check_refuses_units_outside_the_schedule(units: tuple[Unit, ...], problem: str) -> None:
+    Plan(units=(Unit(0), Unit(1, merge=3)), trained=(0, 1)).check(4)  # fits exactly: no error
+    with pytest.raises(PlanError, match=problem):
+        Plan(units=units, trained=()).check(4)
+
+
+def test_a_stray_unit_stops_the_run_naming_the_selector(tmp_path: Path) -> None:
+    data = tiny_recipe(max_steps=1)
+    data["selector"] = {"type": "test_trainer:StraySelector"}
+    with pytest.raises(PlanError, match=r"selector 'test_trainer:StraySelector' at iteration 0: unit .*start=6"):
+        train(recipe_from_dict(data), tmp_path / "run", quiet=True)

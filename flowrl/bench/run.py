@@ -153,7 +153,7 @@ def reset_peak_memory() -> None:
 def train_one(recipe: Recipe, run_dir: Path, quiet: bool, continue_run: bool = False) -> None:
     """Train one run into ``run_dir`` (afresh, or from its newest checkpoint) and write ``final_eval.json``."""
     from flowrl.trainer import Trainer
-    from flowrl.trainer.loop import NonFiniteError
+    from flowrl.trainer.loop import NonFiniteError, NothingTrainedError
 
     if not continue_run:
         clear_run_dir(run_dir)
@@ -161,7 +161,7 @@ def train_one(recipe: Recipe, run_dir: Path, quiet: bool, continue_run: bool = F
     trainer = Trainer(recipe, run_dir, resume=run_dir if continue_run else None, quiet=quiet)
     try:
         trainer.run()
-    except NonFiniteError as error:
+    except (NonFiniteError, NothingTrainedError) as error:
         raise BenchError(f"{recipe.name} seed {recipe.seed}: {error} (finished runs are kept: --resume)") from error
     cfg = recipe.trainer
     if trainer.step < cfg.max_steps and not (cfg.max_nfe and trainer.nfe >= cfg.max_nfe):

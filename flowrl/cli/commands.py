@@ -13,7 +13,7 @@ from flowrl.prompts import PromptFileError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, RegistryError, registry, summary
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
-from flowrl.trainer.loop import NonFiniteError, RewardError, RunFolderError
+from flowrl.trainer.loop import NonFiniteError, NothingTrainedError, RewardError, RunFolderError
 
 USER_ERRORS = (
     RecipeError,
@@ -24,6 +24,7 @@ USER_ERRORS = (
     FileNotFoundError,
     RewardError,
     NonFiniteError,
+    NothingTrainedError,
     RunFolderError,
 )
 

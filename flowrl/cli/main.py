@@ -115,9 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = error.report() if hasattr(error, "report") else str(error)
         print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:  # 128 + the signal number, as a shell reports it
         print("interrupted", file=sys.stderr)
-        return 130
+        return 143 if getattr(interrupt, "signal", "") == "SIGTERM" else 130
 
 
 if __name__ == "__main__":

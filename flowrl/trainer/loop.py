@@ -42,11 +42,23 @@ from flowrl.trainer.support import (
     seed_everything,
 )
 from flowrl.trainer.update import StatsMean, forward_process_losses, transition_losses
-from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
+from flowrl.types import Advantages, PlanError, RewardBatch, Rollout, Schedule
 
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive iterations produced NaN or inf."""
+
+
+class NothingTrainedError(RuntimeError):
+    """Every iteration of the run was skipped or had no transition to train: the weights never changed."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run after its checkpoint (``signal``: the signal's name)."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal = signal_name
 
 
 class RunFolderError(ValueError):
@@ -93,6 +105,7 @@ class Trainer:
         self.time_up = False
         self.bad_steps = 0
         self.skipped = 0
+        self.updates = 0  # optimizer steps taken since this process started the run (or resumed it)
         if resume is not None:
             self._resume(find_checkpoint(resume))
         elif (self.run_dir / "metrics.jsonl").exists():
@@ -142,6 +155,7 @@ class Trainer:
         )
         stop = StopSignal()
         self.started = time.perf_counter()
+        first = self.step
         try:
             if self.cfg.eval_every and self.step == 0:
                 self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **self.evaluate()})
@@ -163,6 +177,14 @@ class Trainer:
         self.save()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
+        if stop.received:  # the caller (a shell's `train && eval`) must not go on as if the run had finished
+            raise RunInterrupted(stop.received)
+        if self.step > first and self.updates == 0:
+            n = self.step - first
+            raise NothingTrainedError(
+                f"the run trained nothing: {n} iteration{'s' if n != 1 else ''}, {self.skipped} skipped for NaN or"
+                " inf, the others without a transition to train (check the rewards and the selector's trained units)"
+            )
         return self.run_dir
 
     def finished(self) -> bool:
@@ -193,6 +215,10 @@ class Trainer:
         with torch.no_grad():
             self.selector.observe(self.backbone, prompts, self.schedule)
         plan = self.selector.plan(self.schedule, step, generator(seed, step, "plan"))
+        try:
+            plan.check(self.schedule.num_steps)
+        except PlanError as error:
+            raise PlanError(f"selector {self.recipe.parts['selector'].type!r} at iteration {step}: {error}") from None
         # 2. rollout with the current (old) policy
         rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
         with torch.no_grad():
@@ -304,6 +330,7 @@ class Trainer:
                 break
             self.bad_steps = 0
             self.optimizer.step()
+            self.updates += 1
             self.lr_schedule.step()
             if self.ema is not None:
                 self.ema.update()
