@@ -16,7 +16,10 @@ from flowrl.loading import load_policy
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import Trainer, train
 
-KEYS = {"step", "wall_s", "nfe", "reward/jpeg_compressibility", "loss", "clip_frac", "grad_norm"}
+KEYS = {
+    *("step", "wall_s", "nfe", "reward/jpeg_compressibility", "loss", "clip_frac", "grad_norm"),
+    *("health/diversity", "health/zero_spread"),
+}
 
 
 def metrics(run: Path) -> list[dict]:

@@ -31,6 +31,7 @@ from flowrl.trainer.checkpoint import (
 )
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.ema import EMA
+from flowrl.trainer.health import rollout_health
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.support import (
@@ -242,6 +243,7 @@ class Trainer:
         metrics["reward/total"] = float(rewards.total.mean())
         metrics["advantage/abs_mean"] = float(advantages.values.abs().mean())
         metrics.update({f"advantage/{k}/abs_mean": float(v.abs().mean()) for k, v in advantages.per_reward.items()})
+        metrics.update(rollout_health(rollout.images, rollout.group, rewards.total))
         metrics.update(update)
         metrics.update(plan_scalars(plan))
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
