@@ -66,7 +66,7 @@ def test_nfe_is_the_minimum_and_logged(tmp_path: Path) -> None:
     trainer.run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     n, g, p = 6, 3, 2
-    per_prompt = n + g * ((n - 0 - 1) + (n - 1 - 2))
+    per_prompt = (1 + 1) + g * ((n - 0 - 1) + (n - 1 - 2))  # the anchor stops at the last start, 1
     assert [r["nfe"] for r in rows] == [p * per_prompt, 2 * p * per_prompt]
     # Training: one transformer row per (prompt, unit), shared by the unit's G rollouts.
     assert counted["rows"] == p * 2

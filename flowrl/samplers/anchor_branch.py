@@ -4,7 +4,8 @@ Each prompt has one initial noise and one deterministic ODE anchor trajectory. F
 ``(i, m)`` every one of the G rollouts jumps from the anchor latent at step ``i`` to step ``i + m`` by one
 SDE step with its own noise, then finishes by ODE **from step i + m** (E-GRPO's official release restarts
 at ``i + 1``). The jump reuses the anchor's velocity at step ``i``, so a prompt costs
-``N + G * sum(N - i - m)`` transformer evaluations, and at training time one forward per (prompt, unit)
+``(i_last + 1) + G * sum(N - i - m)`` transformer evaluations (the anchor stops at the last trained
+unit's start ``i_last``), and at training time one forward per (prompt, unit)
 serves the whole group. Rollouts are grouped by (prompt, unit).
 """
 
@@ -86,14 +87,16 @@ class AnchorBranchSampler(RolloutSampler):
 def anchor_trajectory(
     backbone: Backbone, x: torch.Tensor, cond: Conditioning, plan: Plan, schedule: Schedule
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Run the deterministic ODE anchor over all N steps; keep (latent, velocity) at every unit start."""
+    """Run the deterministic ODE anchor up to the last trained unit's start (nothing later is used); keep
+    (latent, velocity) at every trained unit's start. Costs ``i_last + 1`` evaluations per prompt."""
     sigmas = schedule.tensor().to(x.device)
-    starts = {u.start for u in plan.units}
+    starts = {plan.units[k].start for k in plan.trained}
     kept = {}
-    for step in range(schedule.num_steps):
+    for step in range(max(starts, default=-1) + 1):
         s = sigmas[step].expand(x.shape[0])
         v = backbone.velocity(x, s, cond)
         if step in starts:
             kept[step] = (x, v)
-        x = x + v * (sigmas[step + 1] - sigmas[step])
+        if step < max(starts):
+            x = x + v * (sigmas[step + 1] - sigmas[step])
     return kept
