@@ -60,7 +60,11 @@ class TransitionKernel(Component, ABC):
         """Take the transition with the given standard-normal ``noise``; returns next latent and log-density."""
         mean, std = self.mean_std(x.float(), v.float(), s.float(), s_next.float(), s_at_one)
         nxt = mean + _expand(std, mean) * noise.float()
-        return StepOutput(next=nxt, mean=mean, std=std, log_prob=gaussian_log_prob(nxt, mean, std))
+        return StepOutput(next=nxt, mean=mean, std=std, log_prob=self.log_prob(nxt, mean, std))
+
+    def log_prob(self, x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+        """The per-row log-density the losses' ratios use: the Gaussian's, averaged over dimensions."""
+        return gaussian_log_prob(x, mean, std)
 
     def std_only(self, s: Tensor, s_next: Tensor, s_at_one: float) -> Tensor:
         """The std alone (it never depends on the latent); used for entropy analysis."""

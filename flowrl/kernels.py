@@ -8,12 +8,13 @@ jump (``s_next`` several grid steps below ``s``) uses the same formulas with the
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import attrs
 import torch
 from torch import Tensor
 
-from flowrl.interfaces import TransitionKernel
+from flowrl.interfaces import TransitionKernel, gaussian_log_prob
 from flowrl.registry import register
 
 MeanStd = tuple[Tensor, Tensor]
@@ -83,10 +84,17 @@ class DanceGRPOKernel(TransitionKernel):
 
 @register("kernel", "cps")
 class CPSKernel(TransitionKernel):
-    """Coefficient-preserving sampling step (CPS; ALGORITHMS.md): std = s_next sin(a pi / 2).
+    """Coefficient-preserving sampling step (CPS): std = s_next sin(a pi / 2).
 
     ``mean = (1 - s_next) x0_hat + sqrt(s_next^2 - std^2) eps_hat`` with ``x0_hat = x - s v`` and
     ``eps_hat = x + (1 - s) v``; the step to ``s_next = 0`` has std 0 and lands on ``x0_hat``.
+
+    ``log_prob = "gaussian"`` (default) gives the ratios the true density of this Gaussian,
+    ``-(x - mean)^2 / (2 std^2) - log std - log(2 pi) / 2`` averaged over dimensions. ``"official"`` is the
+    form of the CPS authors' released code, ``-(x - mean)^2`` averaged over dimensions: no ``1 / (2 std^2)``,
+    so the Gaussian log-ratio is ``1 / (2 std^2)`` times the official one (at a = 0.7 on the 10-step grid
+    with shift 3: 0.68x at the first step to 10x at the last stochastic one), and a clip range tuned with
+    that code transfers only with this form. Both forms give the same sampler; only the ratios differ.
     """
 
     @attrs.frozen
@@ -94,6 +102,18 @@ class CPSKernel(TransitionKernel):
         noise_level: float = attrs.field(
             default=0.7, validator=[attrs.validators.ge(0), attrs.validators.le(1)]
         )  # a in [0, 1]
+        log_prob: Literal["gaussian", "official"] = attrs.field(
+            default="gaussian", validator=attrs.validators.in_(("gaussian", "official"))
+        )
+
+    def log_prob(self, x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+        if self.config.log_prob == "gaussian":
+            return gaussian_log_prob(x, mean, std)
+        x, mean = x.float(), mean.float()
+        per_dim = -((x - mean) ** 2)
+        point = std.float().reshape(std.shape + (1,) * (mean.dim() - 1)) <= 0  # std 0: a point mass, never trained
+        per_dim = torch.where(point, torch.full_like(per_dim, math.inf), per_dim)
+        return per_dim.flatten(1).mean(1)
 
     def mean_std(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float) -> MeanStd:
         x, v = x.float(), v.float()

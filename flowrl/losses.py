@@ -31,12 +31,16 @@ class PPOClip(PolicyLoss):
     """PPO clipped surrogate on per-transition density ratios, optional KL to the reference (GRPO family).
 
     ``L = mean(w max(-A r, -A clip(r, 1 - e, 1 + e))) + kl_beta mean(KL)`` (Flow-GRPO arXiv 2505.05470,
-    Eq. 8; DanceGRPO, MixGRPO, E-GRPO). ``KL = mean_dims (mean - ref_mean)^2 / (2 std^2)``, the closed form
-    for Gaussians of equal std. Interpretation of the dt option: by default (``kl_dt_factor = False``) ``std``
-    is the transition's std as recorded (for SDE kernels it already contains ``sqrt(-dt)``), i.e. the exact
-    KL of the two transition Gaussians (Flow-GRPO). With ``kl_dt_factor = True`` the KL is multiplied by
-    ``-dt = s - s_next`` (dividing by ``sigma_t^2`` instead of ``std^2``), using ``LossInputs.dt`` (filled by
-    the trainer).
+    Eq. 8; DanceGRPO, MixGRPO, E-GRPO). Two forms of the KL term, which differ by the factor ``-dt``:
+
+    - ``kl_dt_factor = false`` (default): the exact KL of the two transition Gaussians,
+      ``mean_dims (mean - ref_mean)^2 / (2 std^2)`` with the transition's std (for the SDE kernels
+      ``std = sigma_t sqrt(-dt)``).
+    - ``kl_dt_factor = true``: the official Flow-GRPO code's form, ``mean_dims (mean - ref_mean)^2 /
+      (2 sigma_t^2)``, i.e. the exact KL times ``-dt = s - s_next`` (``LossInputs.dt``, filled by the
+      trainer). On a 10-step grid with shift 3, ``-dt`` is 0.036 to 0.25, so the same ``kl_beta`` is 4 to 28
+      times weaker than in the exact form. Betas taken from the official code (0.01 to 0.04) need this form;
+      the paper recipes that set a KL use it.
     """
 
     @attrs.frozen

@@ -167,3 +167,22 @@ def test_config_validation() -> None:
         CPSKernel.Config(noise_level=1.5)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         FlowGRPOKernel.Config().noise_level = 1.0  # type: ignore[misc]
+
+
+def test_cps_official_log_prob_is_the_gaussian_one_times_two_std_squared() -> None:
+    """Log-ratios (what the losses use) of the two CPS forms differ by exactly the factor 2 std^2."""
+    g = torch.Generator().manual_seed(0)
+    x, v1, v2 = (torch.randn(4, 6, 8, generator=g) for _ in range(3))
+    s, s_next = torch.full((4,), 0.75), torch.full((4,), 0.5)
+    gaussian = CPSKernel(CPSKernel.Config(noise_level=0.7))
+    official = CPSKernel(CPSKernel.Config(noise_level=0.7, log_prob="official"))
+    out = gaussian.step(x, v1, s, s_next, 0.964, torch.randn(4, 6, 8, generator=g))
+    mean2, std = gaussian.mean_std(x, v2, s, s_next, 0.964)
+    assert official.log_prob(out.next, out.mean, std) == pytest.approx(
+        -((out.next - out.mean) ** 2).flatten(1).mean(1), rel=1e-6
+    )
+    ratio_g = gaussian.log_prob(out.next, mean2, std) - gaussian.log_prob(out.next, out.mean, std)
+    ratio_o = official.log_prob(out.next, mean2, std) - official.log_prob(out.next, out.mean, std)
+    torch.testing.assert_close(ratio_o, ratio_g * 2 * std**2, rtol=1e-4, atol=1e-6)  # fp32 differences
+    last = official.log_prob(out.next, out.mean, torch.zeros(4))  # std 0: a point mass, as the Gaussian form
+    assert torch.isinf(last).all()

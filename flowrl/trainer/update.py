@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from torch import Tensor
 
-from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss, TransitionKernel, gaussian_log_prob
+from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss, TransitionKernel
 from flowrl.types import (
     Conditioning,
     ForwardProcessInputs,
@@ -71,7 +71,7 @@ def transition_losses(
                 v_ref = backbone.velocity(x, s, c)
             ref_mean = kernel.mean_std(x[local].float(), v_ref[local], s[local], s_next, schedule.s_at_one)[0]
         batch = LossInputs(
-            log_prob=gaussian_log_prob(transitions.x_next[t_ids], mean, std),
+            log_prob=kernel.log_prob(transitions.x_next[t_ids], mean, std),
             old_log_prob=transitions.log_prob[t_ids].to(device),
             advantages=per_transition[t_ids].to(device),
             weight=transitions.weight[t_ids].to(device),
