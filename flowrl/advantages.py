@@ -1,4 +1,4 @@
-"""Group-normalised advantages (GRPO; ALGORITHMS.md, advantages)."""
+"""Group-normalised advantages (GRPO; docs/algorithms.md, advantages)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Entropy of denoising transitions: how much a stochastic step (or a merged jump) can explore.
 
 For an SDE jump from step ``i`` over ``m`` grid steps the kernel's std is evaluated at ``s_i`` with
-``dt = s_{i+m} - s_i``; its per-dimension entropy is ``0.5 log(2 pi e) + log std`` (ALGORITHMS.md).
+``dt = s_{i+m} - s_i``; its per-dimension entropy is ``0.5 log(2 pi e) + log std`` (docs/algorithms.md, entropy).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Transition kernels: the Gaussian of one denoising step ``x_s -> x_{s_next}`` (ALGORITHMS.md, kernels).
+"""Transition kernels: the Gaussian of one denoising step ``x_s -> x_{s_next}`` (docs/algorithms.md, kernels).
 
 Every kernel returns the mean (fp32, shaped like ``x``) and the std (fp32, shape ``(B,)``). The per-row
 coefficients are formed in float64 from ``s`` and ``s_next`` and applied to the fp32 latents. A merged
@@ -32,7 +32,7 @@ def _levels(s: Tensor, s_next: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 @register("kernel", "flow_grpo_sde")
 class FlowGRPOKernel(TransitionKernel):
-    """Flow-GRPO SDE step, sigma_t = a sqrt(s / (1 - s)) (arXiv 2505.05470, Eq. 9; ALGORITHMS.md).
+    """Flow-GRPO SDE step, sigma_t = a sqrt(s / (1 - s)) (arXiv 2505.05470, Eq. 9; docs/algorithms.md).
 
     ``mean = x (1 + sigma_t^2 dt / (2 s)) + v (1 + sigma_t^2 (1 - s) / (2 s)) dt``,
     ``std = sigma_t sqrt(-dt)``; at ``s = 1`` the denominator uses the grid's second level ``s_at_one``.
@@ -60,7 +60,7 @@ class FlowGRPOKernel(TransitionKernel):
 
 @register("kernel", "dance_grpo_sde")
 class DanceGRPOKernel(TransitionKernel):
-    """DanceGRPO SDE step with constant eta (arXiv 2505.07818; ALGORITHMS.md).
+    """DanceGRPO SDE step with constant eta (arXiv 2505.07818; docs/algorithms.md).
 
     ``std = eta sqrt(s - s_next)``, ``mean = x + v dt - 0.5 eta^2 score dt`` with
     ``score = -(x - (1 - s) x0_hat) / s^2`` and ``x0_hat = x - s v``.

@@ -1,4 +1,4 @@
-"""Policy losses on recorded transitions (ALGORITHMS.md, loss)."""
+"""Policy losses on recorded transitions (docs/algorithms.md, loss)."""
 
 from __future__ import annotations
 

@@ -149,7 +149,7 @@ def test_entropy_per_dim() -> None:
 
 
 def test_design_figure_single_step_std() -> None:
-    """ALGORITHMS.md: N = 16, shift 3, Flow-GRPO a = 0.7: std 0.70 at step 0, 0.17 at step 14."""
+    """docs/algorithms.md (entropy): N = 16, shift 3, Flow-GRPO a = 0.7: std 0.70 at step 0, 0.17 at step 14."""
     sig = shifted_sigmas(16, 3.0)
     kernel = FlowGRPOKernel(FlowGRPOKernel.Config(noise_level=0.7))
     std = kernel.std_only(sig[:-1], sig[1:], float(sig[1]))

@@ -1,6 +1,6 @@
 """Deterministic ODE solvers for the flow-matching probability-flow ODE ``dx/ds = v(x, s)``.
 
-Notation (ALGORITHMS.md): ``x_s = (1 - s) x0 + s eps``, so ``alpha_s = 1 - s`` and ``sigma_s = s``; the
+Notation (docs/algorithms.md, notation): ``x_s = (1 - s) x0 + s eps``, so ``alpha_s = 1 - s`` and ``sigma_s = s``; the
 data prediction is ``D = x0_hat = x - s v``. A solver integrates from ``sigmas[0]`` to ``sigmas[-1]`` with
 exactly one velocity evaluation per interval (so ``len(sigmas) - 1`` evaluations per row).
 

@@ -44,7 +44,7 @@ class DiffusionNFTLoss(ForwardProcessLoss):
     class Config:
         beta: float = attrs.field(default=1.0, validator=gt(0))  # mixing strength of the implicit policies
         adv_clip: float = attrs.field(default=5.0, validator=gt(0))  # c: advantages clipped to [-c, c]
-        scale_by_clip: bool = True  # multiply the policy loss by c (ALGORITHMS.md); false: by 1
+        scale_by_clip: bool = True  # multiply the policy loss by c (docs/algorithms.md); false: by 1
         kl_beta: float = attrs.field(default=0.0, validator=ge(0))  # weight of mean((v - v_ref)^2)
 
     @property
