@@ -29,6 +29,13 @@ class LoadedPolicy:
     prompts: PromptSource
     rewards: list[tuple[str, float, Any]]
     step: int
+    source: Path  # the checkpoint folder, or the recipe file for an initial policy
+
+    def describe(self) -> str:
+        """One line saying which weights these are (the commands print it)."""
+        if self.source.suffix == ".toml":
+            return f"using the initial policy of {self.source}"
+        return f"using checkpoint {self.source} (step {self.step})"
 
     def images(self, prompts: list[str], seed: int = 0) -> Tensor:
         return ode_images(self.backbone, prompts, self.schedule, seed)
@@ -41,14 +48,15 @@ class LoadedPolicy:
         return {"step": self.step, **result}
 
 
-def load_policy(path: Path, overrides: Sequence[str] = ()) -> LoadedPolicy:
+def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "last") -> LoadedPolicy:
     """A run folder or checkpoint (its recipe, its weights), or a recipe file (its initial policy, step 0);
-    ``overrides`` (``key=value``) change the recipe as ``--set`` does."""
+    ``overrides`` (``key=value``) change the recipe as ``--set`` does; ``checkpoint`` chooses a run folder's
+    checkpoint: ``"last"``, ``"best"`` or a step number."""
     if path.suffix == ".toml":
         recipe = load_recipe(path, overrides)
         weights, state, folder = None, {"step": 0}, path
     else:
-        folder = find_checkpoint(path)
+        folder = find_checkpoint(path, checkpoint)
         recipe_file = folder / "recipe.toml"
         if not recipe_file.exists():
             raise CheckpointError(f"checkpoint {folder}: missing recipe.toml")
@@ -64,4 +72,5 @@ def load_policy(path: Path, overrides: Sequence[str] = ()) -> LoadedPolicy:
     sampler = recipe.parts["sampler"].config
     sigmas = backbone.schedule_sigmas(recipe.trainer.eval_steps, sampler.shift)
     schedule = Schedule(sigmas=sigmas, kernel=recipe.build("kernel"))
-    return LoadedPolicy(recipe, backbone, schedule, recipe.build("prompts"), rewards, int(state["step"]))
+    prompts = recipe.build("prompts")
+    return LoadedPolicy(recipe, backbone, schedule, prompts, rewards, int(state["step"]), Path(folder))

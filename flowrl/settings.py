@@ -23,6 +23,12 @@ class OptimConfig:
     warmup_steps: int = attrs.field(default=0, validator=ge(0))  # linear LR warm-up
 
 
+def _evaluation_figure(_: Any, attribute: Any, value: str) -> None:
+    """an eval/... key, "auto" or empty"""
+    if value not in ("", "auto") and not value.startswith("eval/"):
+        raise ValueError(f"{attribute.name} must be an evaluation figure (eval/...), 'auto' or '', got {value!r}")
+
+
 @attrs.frozen
 class TrainerConfig:
     """The shared loop's settings (``[trainer]``)."""
@@ -40,6 +46,10 @@ class TrainerConfig:
     image_every: int = attrs.field(default=10, validator=ge(0))  # TensorBoard image grids; 0 disables
     checkpoint_every: int = attrs.field(default=50, validator=ge(0))  # 0: only the final checkpoint
     keep_checkpoints: int = attrs.field(default=2, validator=positive)
+    # checkpoints/best holds the weights with the highest value of this evaluation figure (an `eval/...` key of
+    # metrics.jsonl); "auto": eval/strict where the evaluation reports it (the embedded world), else eval/score;
+    # "": no best checkpoint. Needs eval_every > 0.
+    keep_best: str = attrs.field(default="auto", validator=_evaluation_figure)
     eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation every k iterations; 0 disables
     eval_prompts: int = attrs.field(default=64, validator=positive)  # how many held-out prompts to score
     eval_seed: int = 0  # initial noise of the evaluation samples

@@ -88,7 +88,6 @@ def field_comments(config: type) -> dict[str, str]:
             head = stripped.split(":", 1)[0].strip()
             starts[number] = head if head in names and ":" in stripped else ""
     comments: dict[str, list[str]] = {}
-    pending: list[str] = []
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):
@@ -101,12 +100,11 @@ def field_comments(config: type) -> dict[str, str]:
         if not text or text.startswith(("type:", "noqa")):
             continue
         if lines[row - 1].lstrip().startswith("#"):  # a full-line comment describes the next field
-            pending.append(text)
-            continue
-        owner = next((starts[r] for r in sorted(starts, reverse=True) if r <= row), "")
+            owner = next((starts[r] for r in sorted(starts) if r > row), "")
+        else:  # a trailing comment describes the field whose definition it ends
+            owner = next((starts[r] for r in sorted(starts, reverse=True) if r <= row), "")
         if owner:
-            comments.setdefault(owner, []).extend([*pending, text])
-        pending = []
+            comments.setdefault(owner, []).append(text)
     return {k: " ".join(v) for k, v in comments.items()}
 
 

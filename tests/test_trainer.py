@@ -15,6 +15,7 @@ from flowrl import Plan, PlanError, Schedule, TimestepSelector, Unit
 from flowrl.loading import load_policy
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import Trainer, train
+from flowrl.trainer.loop import BestMetricError
 
 KEYS = {
     *("step", "wall_s", "nfe", "reward/jpeg_compressibility", "loss", "clip_frac", "grad_norm"),
@@ -135,4 +136,31 @@ def test_a_stray_unit_stops_the_run_naming_the_selector(tmp_path: Path) -> None:
     data = tiny_recipe(max_steps=1)
     data["selector"] = {"type": "test_trainer:StraySelector"}
     with pytest.raises(PlanError, match=r"selector 'test_trainer:StraySelector' at iteration 0: unit .*start=6"):
+        train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+
+
+def test_best_checkpoint_holds_the_best_evaluation(tmp_path: Path) -> None:
+    data = tiny_recipe(max_steps=4, eval_every=1, eval_prompts=2, checkpoint_every=1, keep_checkpoints=10)
+    data["optim"]["lr"] = 3e-3  # large steps, so the evaluations differ
+    run = train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    scores = {r["step"]: r["eval/score"] for r in metrics(run) if "eval/score" in r}
+    assert set(scores) == {0, 1, 2, 3, 4}
+    later = {s: v for s, v in scores.items() if s > 0}
+    best_step = max(later, key=lambda s: later[s])
+    best = run / "checkpoints" / "best"
+    if later[best_step] <= scores[0]:  # no evaluation beat the initial policy: no best checkpoint
+        assert not best.exists()
+        return
+    state = json.loads((best / "trainer_state.json").read_text())
+    assert state["step"] == best_step and state["best"] == {"figure": "eval/score", "value": later[best_step]}
+    same = load_file(str(run / "checkpoints" / f"step_{best_step:06d}" / "weights.safetensors"))
+    kept = load_file(str(best / "weights.safetensors"))
+    assert all(torch.equal(kept[n], same[n]) for n in same)  # the weights of that step, bit for bit
+    assert load_policy(run, checkpoint="best").step == best_step
+    assert load_policy(run, checkpoint="2").step == 2 and load_policy(run).step == 4
+
+
+def test_keep_best_must_name_an_evaluation_figure(tmp_path: Path) -> None:
+    data = tiny_recipe(max_steps=1, eval_every=1, eval_prompts=2, keep_best="eval/strict")
+    with pytest.raises(BestMetricError, match=r"keep_best = 'eval/strict' is not an evaluation figure .*eval/score"):
         train(recipe_from_dict(data), tmp_path / "run", quiet=True)

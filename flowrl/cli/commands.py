@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from flowrl.prompts import PromptFileError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, RegistryError, registry, summary
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
-from flowrl.trainer.loop import NonFiniteError, NothingTrainedError, RewardError, RunFolderError
+from flowrl.trainer.loop import BestMetricError, NonFiniteError, NothingTrainedError, RewardError, RunFolderError
 
 USER_ERRORS = (
     RecipeError,
@@ -25,6 +26,7 @@ USER_ERRORS = (
     RewardError,
     NonFiniteError,
     NothingTrainedError,
+    BestMetricError,
     RunFolderError,
 )
 
@@ -111,7 +113,8 @@ def evaluate(args: argparse.Namespace) -> int:
     overrides = list(args.set)
     if args.split:
         overrides.append(f"prompts.eval_split={args.split}")
-    loaded = load_policy(Path(args.path), overrides)
+    loaded = load_policy(Path(args.path), overrides, args.checkpoint)
+    print(loaded.describe(), file=sys.stderr)
     result = loaded.evaluate(limit=args.prompts, seed=args.seed, group=args.group_size)
     if args.json:
         print(json.dumps(result))
@@ -125,7 +128,8 @@ def sample(args: argparse.Namespace) -> int:
     from flowrl.loading import load_policy
     from flowrl.trainer.logger import save_grid_png
 
-    loaded = load_policy(Path(args.path))
+    loaded = load_policy(Path(args.path), checkpoint=args.checkpoint)
+    print(loaded.describe(), file=sys.stderr)
     prompts = [p for p in args.prompt for _ in range(args.per_prompt)]
     images = loaded.images(prompts, seed=args.seed)
     save_grid_png(images, rows=len(args.prompt), path=Path(args.out))

@@ -30,6 +30,16 @@ def _positive(text: str) -> int:
     return value
 
 
+CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
+
+
+def _which(text: str) -> str:
+    """An argparse type: which checkpoint of a run folder (last, best or a step number)."""
+    if text in ("last", "best") or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"expected last, best or a step number, got {text!r}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowrl", description="RL fine-tuning of flow-matching text-to-image models.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
         help="also pass@1 and pass@G from G SDE samples per prompt",
     )
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
+    e.add_argument("--checkpoint", type=_which, default="last", help=CHECKPOINT_HELP)
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=commands.evaluate)
@@ -78,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     sm.add_argument("--per-prompt", type=int, default=4)
     sm.add_argument("--out", default="samples.png")
     sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--checkpoint", type=_which, default="last", help=CHECKPOINT_HELP)
     sm.set_defaults(func=commands.sample)
     en = sub.add_parser("entropy", help="per-step std and entropy of a recipe's schedule, and its selector's units")
     en.add_argument("recipe")

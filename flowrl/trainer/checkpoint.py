@@ -43,14 +43,18 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
         generator.set_state(state["generators"][key])
 
 
+BEST = "best"  # checkpoints/best: the weights with the best evaluation figure (trainer.keep_best)
+
+
 def save_checkpoint(
     folder: Path,
     weights: dict[str, Tensor],
     state: dict[str, Any],
     extra: dict[str, Any],
-    keep: int,
+    keep: int | None,
 ) -> Path:
-    """Write ``folder`` atomically: weights, JSON state and a torch file of everything else."""
+    """Write ``folder`` atomically: weights, JSON state and a torch file of everything else; then keep the
+    newest ``keep`` step folders beside it (None: prune nothing)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
@@ -62,7 +66,8 @@ def save_checkpoint(
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
-    prune(folder.parent, keep)
+    if keep is not None:
+        prune(folder.parent, keep)
     return folder
 
 
@@ -79,14 +84,26 @@ def list_checkpoints(parent: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
-def find_checkpoint(path: Path) -> Path:
-    """A checkpoint folder, or the newest one of a run folder."""
+def find_checkpoint(path: Path, which: str = "last") -> Path:
+    """A checkpoint folder as given, or one of a run folder: ``which`` is ``"last"`` (the newest),
+    ``"best"`` (``checkpoints/best``) or a step number."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such run or checkpoint folder; check the path")
     if (path / STATE).exists():
         return path
     found = list_checkpoints(path / "checkpoints")
+    steps = ", ".join(str(int(p.name.split("_")[1])) for p in found) or "none"
+    if which == BEST:
+        best = path / "checkpoints" / BEST
+        if not (best / STATE).exists():
+            raise CheckpointError(f"{path}: no best checkpoint (trainer.keep_best needs evaluations); steps: {steps}")
+        return best
+    if which != "last":
+        chosen = [p for p in found if which.isdigit() and int(p.name.split("_")[1]) == int(which)]
+        if not chosen:
+            raise CheckpointError(f"{path}: no checkpoint of step {which} (kept steps: {steps}; or best, last)")
+        return chosen[0]
     if not found:
         raise CheckpointError(f"{path}: no checkpoint found (expected {path}/checkpoints/step_*/)")
     return found[-1]

@@ -22,6 +22,7 @@ from flowrl.interfaces import Backbone, RewardError, RewardModel
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
+    BEST,
     find_checkpoint,
     load_checkpoint,
     load_weights_into,
@@ -60,6 +61,10 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
         self.signal = signal_name
+
+
+class BestMetricError(ValueError):
+    """``trainer.keep_best`` names a figure the run's evaluation does not report."""
 
 
 class RunFolderError(ValueError):
@@ -107,6 +112,7 @@ class Trainer:
         self.bad_steps = 0
         self.skipped = 0
         self.updates = 0  # optimizer steps taken since this process started the run (or resumed it)
+        self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
         if resume is not None:
             self._resume(find_checkpoint(resume))
         elif (self.run_dir / "metrics.jsonl").exists():
@@ -159,7 +165,9 @@ class Trainer:
         first = self.step
         try:
             if self.cfg.eval_every and self.step == 0:
-                self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **self.evaluate()})
+                figures = self.evaluate()
+                self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **figures})
+                self.best_value = self.best_figure(figures)[1]
             while not self.finished():
                 nfe = self.nfe
                 metrics = self.iteration()
@@ -266,6 +274,7 @@ class Trainer:
         self.time_up = self._time_is_up()
         if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or self.finished()):
             metrics.update(self.evaluate())
+            self.keep_best(metrics)
         if self.cfg.log_every and self.step % self.cfg.log_every == 0:
             self.logger.log(metrics)
         if self.cfg.image_every and self.step % self.cfg.image_every == 0:
@@ -371,6 +380,33 @@ class Trainer:
             )
 
     # -- checkpoints ----------------------------------------------------------------------------
+    def best_figure(self, figures: dict[str, Any]) -> tuple[str, float]:
+        """The key and value of ``trainer.keep_best``'s figure in ``figures`` (``("", -inf)`` when off)."""
+        key = self.cfg.keep_best
+        if key == "auto":
+            key = next((k for k in ("eval/strict", "eval/score") if k in figures), "")
+        if not key:
+            return "", -math.inf
+        if key not in figures:
+            found = ", ".join(sorted(k for k in figures if k.startswith("eval/"))) or "none"
+            raise BestMetricError(f"trainer.keep_best = {key!r} is not an evaluation figure of this run ({found})")
+        value = float(figures[key])
+        return key, value if math.isfinite(value) else -math.inf
+
+    def keep_best(self, metrics: dict[str, Any]) -> None:
+        """Write ``checkpoints/best`` when this evaluation beats every earlier one, the initial policy's
+        included (so a run that never improved has no best checkpoint)."""
+        key, value = self.best_figure(metrics)
+        if not key or value <= self.best_value:
+            return
+        self.best_value = value
+        if not self.accelerator.is_main_process:
+            return
+        folder = self.run_dir / "checkpoints" / BEST
+        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "best": {"figure": key, "value": value}}
+        save_checkpoint(folder, {n: p for n, p in self.named_params}, state, {}, keep=None)
+        (folder / "recipe.toml").write_text(self.recipe.to_toml())
+
     def save(self) -> Path | None:
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
@@ -380,7 +416,8 @@ class Trainer:
         bad = [n for n, p in weights.items() if not bool(torch.isfinite(p).all())]
         if bad:  # never write a checkpoint a NaN has reached
             raise NonFiniteError(f"weights became non-finite ({bad[0]}); no checkpoint written at step {self.step}")
-        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped}
+        best = self.best_value if math.isfinite(self.best_value) else None
+        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped, "best_value": best}
         extra = {
             "optimizer": self.optimizer.state_dict(),
             "lr_schedule": self.lr_schedule.state_dict(),
@@ -416,6 +453,8 @@ class Trainer:
         self.sampler.load_state_dict(extra["components"]["sampler"])
         self.step, self.nfe, self.wall = state["step"], state["nfe"], state["wall_s"]
         self.skipped = state.get("skipped", 0)
+        best = state.get("best_value")
+        self.best_value = -math.inf if best is None else float(best)
 
 
 def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:
