@@ -40,7 +40,7 @@ def read_prompt_file(path: str, key: str = "prompts.path") -> list[str]:
     """Non-empty stripped lines of a UTF-8 text file; :class:`PromptFileError` names the file and key otherwise."""
     where = f"[{key}] prompt file {path}"
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise PromptFileError(f"{where}: no such file (a relative path starts at the working directory)") from None
     except UnicodeDecodeError as error:

@@ -99,7 +99,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise RecipeError(source, [("file", "no such recipe file")]) from None
     except (OSError, UnicodeDecodeError) as error:

@@ -71,3 +71,24 @@ def test_entropy_writes_a_plot_only_when_asked(tmp_path: Path) -> None:
     assert "units (start, merge)" in out.stdout and not any(tmp_path.iterdir())
     out = flowrl_cli("entropy", recipe, "--plot", "e.png", cwd=tmp_path)
     assert out.returncode == 0 and (tmp_path / "e.png").stat().st_size > 1000
+
+
+def test_a_plot_needs_a_file_name_with_its_format(tmp_path: Path) -> None:
+    # matplotlib would write "outdir.png" for "outdir" while the command said "wrote outdir"
+    out = flowrl_cli("entropy", str(ROOT / "recipes" / "egrpo.toml"), "--plot", "outdir", cwd=tmp_path)
+    assert out.returncode == 2 and "expected a file name ending in .png, .pdf or .svg, got 'outdir'" in out.stderr
+    assert not any(tmp_path.iterdir()) and "Traceback" not in out.stderr
+
+
+def test_checkpoint_choice_is_checked_before_any_work(tmp_path: Path) -> None:
+    out = flowrl_cli("eval", str(tmp_path), "--checkpoint", "newest")
+    assert out.returncode == 2 and "expected last, best or a step number, got 'newest'" in out.stderr
+    out = flowrl_cli("eval", str(tmp_path), "--checkpoint", "best")
+    assert out.returncode == 2 and "no best checkpoint" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_recipe_saved_with_a_byte_order_mark_validates(tmp_path: Path) -> None:
+    recipe = tmp_path / "bom.toml"
+    recipe.write_bytes(b"\xef\xbb\xbf" + (ROOT / "recipes" / "flow_grpo.toml").read_bytes())  # Windows editors
+    out = flowrl_cli("validate", str(recipe))
+    assert out.returncode == 0, out.stdout + out.stderr

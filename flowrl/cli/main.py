@@ -30,6 +30,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _plot_file(text: str) -> str:
+    """An argparse type: a file name for a plot, with the extension matplotlib writes."""
+    if text and not text.lower().endswith((".png", ".pdf", ".svg")):  # "": argparse's default, no plot
+        raise argparse.ArgumentTypeError(f"expected a file name ending in .png, .pdf or .svg, got {text!r}")
+    return text
+
+
 CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
 
 
@@ -95,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     en.add_argument("recipe")
     en.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     en.add_argument("--max-merge", type=int, default=4, help="merge counts to tabulate (1..K)")
-    en.add_argument("--plot", default="", help="also write a PNG of the entropy per step here")
+    en.add_argument("--plot", type=_plot_file, default="", help="also write a PNG of the entropy per step here")
     en.set_defaults(func=commands.entropy)
 
     pr = sub.add_parser("profile", help="reward spread when one step at a time is stochastic (where RL can act)")
@@ -104,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--prompts", type=_positive, default=32, help="training prompts to sample (default 32)")
     pr.add_argument("--group-size", type=_positive, default=None, metavar="G", help="default: the sampler's")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
-    pr.add_argument("--plot", default="", help="write a PNG of the profile here")
+    pr.add_argument("--plot", type=_plot_file, default="", help="write a PNG of the profile here")
     pr.add_argument("--seed", type=int, default=0)
     pr.set_defaults(func=commands.profile)
 

@@ -151,7 +151,7 @@ def load_pretrain_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Pre
     """Read, override (``table.key=value``) and validate a pre-training recipe; raise :class:`PretrainRecipeError`."""
     source = str(path)
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise PretrainRecipeError(source, [("file", "no such recipe file")]) from None
     except (OSError, UnicodeDecodeError) as error:

@@ -300,11 +300,17 @@ class Trainer:
         scores = {}
         for name, _, reward in self.rewards:
             try:
-                scores[name] = reward.score(images, texts).float().cpu()
+                raw = reward.score(images, texts)
             except Exception as error:
                 raise RewardError(
                     f"reward '{name}' ({type(reward).__name__}) failed: {type(error).__name__}: {error}"
                 ) from error
+            if not isinstance(raw, torch.Tensor):
+                raise RewardError(
+                    f"reward '{name}' returned a {type(raw).__name__}; score() must return a tensor of shape"
+                    f" ({rollout.num_rollouts},)"
+                )
+            scores[name] = raw.float().cpu()
             if scores[name].shape != (rollout.num_rollouts,):
                 raise RewardError(
                     f"reward '{name}' returned shape {tuple(scores[name].shape)}, expected ({rollout.num_rollouts},)"
