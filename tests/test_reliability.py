@@ -21,6 +21,7 @@ from flowrl import Plan, RewardModel, Schedule, TimestepSelector, Unit
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import train
 from flowrl.trainer.loop import NonFiniteError, NothingTrainedError, RewardError
+from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
 
 
 class NaNOnSecondCall(RewardModel):
@@ -163,3 +164,44 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
     wa, wb = load_file(str(tmp_path / "full" / last)), load_file(str(tmp_path / "killed" / last))
     # exact: a resumed run replays the same batches, draws and optimiser state through the same arithmetic
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_second_writer_is_refused_while_the_lock_is_held(tmp_path: Path) -> None:
+    held = lock_run_folder(tmp_path / "run")
+    assert held is not None
+    with pytest.raises(RunFolderError, match=rf"run folder .*run is in use by flowrl train \(pid {os.getpid()}\)"):
+        lock_run_folder(tmp_path / "run")
+    held.close()  # released: the next writer may go on
+    again = lock_run_folder(tmp_path / "run")
+    assert again is not None
+    again.close()
+
+
+def test_two_trainings_started_at_once_leave_one_runs_records(tmp_path: Path) -> None:
+    recipes = []
+    for seed in (0, 1):
+        recipe = tmp_path / f"seed{seed}.toml"
+        data = tiny_recipe(max_steps=2)
+        data["seed"] = seed
+        recipe.write_text(recipe_from_dict(data).to_toml())
+        recipes.append(recipe)
+    procs = [start(recipe, tmp_path / "run") for recipe in recipes]
+    results = [(proc.wait(timeout=600), proc.communicate()[1]) for proc in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for code, err in results if code == 2)
+    assert "is in use by flowrl train" in loser or "already holds a run" in loser, loser
+    winner = next(i for i, (code, _) in enumerate(results) if code == 0)
+    assert [r["step"] for r in rows(tmp_path / "run")] == [1, 2]
+    assert f"seed = {winner}\n" in (tmp_path / "run" / "recipe.toml").read_text()
+
+
+def test_resume_drops_a_torn_last_metrics_line(tmp_path: Path) -> None:
+    data = tiny_recipe(max_steps=2, checkpoint_every=1, keep_checkpoints=5)
+    train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    path = tmp_path / "run" / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write('{"step": 3, "wall_s": 1.2, "rew')  # a crash in the middle of writing step 3
+    data["trainer"]["max_steps"] = 3
+    train(recipe_from_dict(data), tmp_path / "run", resume=tmp_path / "run", quiet=True)
+    assert [r["step"] for r in rows(tmp_path / "run")] == [1, 2, 3]

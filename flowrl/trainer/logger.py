@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from flowrl.trainer.runfolder import read_metrics
+
 
 class RunLogger:
     """Appends metrics to ``metrics.jsonl`` and mirrors them to TensorBoard under ``tb/``."""
@@ -20,9 +22,9 @@ class RunLogger:
         self.writer: Any = None
         if not enabled:
             return
-        if truncate_after is not None and self.path.exists():
-            keep = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= truncate_after]
-            self.path.write_text("".join(line + "\n" for line in keep))
+        if truncate_after is not None and self.path.exists():  # a resumed run: drop rows after the checkpoint
+            keep = [row for row in read_metrics(self.path) if row["step"] <= truncate_after]
+            self.path.write_text("".join(json.dumps(row) + "\n" for row in keep))
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"))

@@ -23,6 +23,7 @@ from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
     BEST,
+    CheckpointError,
     find_checkpoint,
     load_checkpoint,
     load_weights_into,
@@ -35,6 +36,7 @@ from flowrl.trainer.ema import EMA
 from flowrl.trainer.health import rollout_health
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import add_lora
+from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
 from flowrl.trainer.support import (
     StopSignal,
     allow_attention_kernels,
@@ -65,10 +67,6 @@ class RunInterrupted(KeyboardInterrupt):
 
 class BestMetricError(ValueError):
     """``trainer.keep_best`` names a figure the run's evaluation does not report."""
-
-
-class RunFolderError(ValueError):
-    """The output folder already holds a run that a fresh run would overwrite."""
 
 
 class Trainer:
@@ -113,17 +111,23 @@ class Trainer:
         self.skipped = 0
         self.updates = 0  # optimizer steps taken since this process started the run (or resumed it)
         self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
-        if resume is not None:
-            self._resume(find_checkpoint(resume))
-        elif (self.run_dir / "metrics.jsonl").exists():
-            raise RunFolderError(
-                f"run folder {self.run_dir} already holds a run (metrics.jsonl); continue it with --resume "
-                "or choose another --output-dir"
-            )
-        if self.accelerator.is_main_process:  # only once nothing can fail that would lose the old recipe
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        # One writer per run folder: the lock comes before the checks, so two runs started together cannot
+        # both pass them; nothing in the folder is rewritten until every check has passed.
+        self._lock = lock_run_folder(self.run_dir) if self.accelerator.is_main_process else None
+        try:
+            if resume is not None:
+                self._resume(find_checkpoint(resume))
+            elif (self.run_dir / "metrics.jsonl").exists():
+                raise RunFolderError(
+                    f"run folder {self.run_dir} already holds a run (metrics.jsonl); continue it with --resume "
+                    "or choose another --output-dir"
+                )
+            self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, truncate_after=self.step)
+        except BaseException:
+            self.release()
+            raise
+        if self.accelerator.is_main_process:
             (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
-        self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, truncate_after=self.step)
 
     # -- set-up ---------------------------------------------------------------------------------
     def _setup_model(self) -> None:
@@ -179,11 +183,12 @@ class Trainer:
                     message = f"{stop.received}: checkpoint written at step {self.step}; resume with --resume"
                     bar.write(message, file=sys.stderr)
                     break
+            self.save()
         finally:
             stop.restore()
             bar.close()
             self.logger.close()
-        self.save()
+            self.release()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         if stop.received:  # the caller (a shell's `train && eval`) must not go on as if the run had finished
@@ -195,6 +200,12 @@ class Trainer:
                 " inf, the others without a transition to train (check the rewards and the selector's trained units)"
             )
         return self.run_dir
+
+    def release(self) -> None:
+        """Give up the run folder's lock (after the last write; another process may then resume the run)."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def finished(self) -> bool:
         """The step limit, the NFE budget or the time limit is reached."""
@@ -449,6 +460,8 @@ class Trainer:
 
     def _resume(self, folder: Path) -> None:
         weights, state, extra = load_checkpoint(folder)
+        if "optimizer" not in extra:
+            raise CheckpointError(f"checkpoint {folder} holds weights only (a best checkpoint); resume from a step_*")
         load_weights_into(self.backbone.transformer, weights, folder)
         self.optimizer.load_state_dict(extra["optimizer"])
         self.lr_schedule.load_state_dict(extra["lr_schedule"])

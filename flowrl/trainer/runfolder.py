@@ -1,0 +1,63 @@
+"""A run folder holds one run's truth: a lock against a second writer, and a metrics reader that survives a crash.
+
+Two ``flowrl train`` processes writing one folder would interleave their ``metrics.jsonl`` lines and leave
+the last writer's ``recipe.toml``; :func:`lock_run_folder` takes an exclusive advisory lock on
+``<run>/.lock`` for the life of the trainer (released by the operating system if the process dies).
+A crash in the middle of a write can leave a torn last line in ``metrics.jsonl``; :func:`read_metrics`
+drops it (the iteration it described is run again on resume) and refuses a corrupt line elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+LOCK = ".lock"
+
+
+class RunFolderError(ValueError):
+    """The output folder already holds a run that a fresh run would overwrite, or another process uses it."""
+
+
+def lock_run_folder(run_dir: Path) -> IO[str] | None:
+    """Create ``run_dir`` and hold an exclusive lock on it; :class:`RunFolderError` if another process holds it.
+    Returns the open lock file (keep it open for as long as the run writes); None where locks are unsupported."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; the metrics.jsonl check still guards a finished run
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = (run_dir / LOCK).open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunFolderError(
+            f"run folder {run_dir} is in use by {holder}; wait for it to finish or choose another --output-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"flowrl train (pid {os.getpid()})\n")
+    handle.flush()
+    return handle
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``; a torn last line (a crash mid-write) is dropped, a corrupt earlier
+    line is a :class:`RunFolderError` naming the file and the line."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break  # torn by a crash: the iteration it described will run again
+            raise RunFolderError(f"{path}: line {number} is not valid JSON; the run folder is damaged") from None
+    return rows
