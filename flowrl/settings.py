@@ -50,6 +50,11 @@ class TrainerConfig:
     # metrics.jsonl); "auto": eval/strict where the evaluation reports it (the embedded world), else eval/score;
     # "": no best checkpoint. Needs eval_every > 0.
     keep_best: str = attrs.field(default="auto", validator=_evaluation_figure)
+    # warn (and flag alert/diversity) when health/diversity falls below this share of its first value; 0: off
+    alert_diversity: float = attrs.field(default=0.5, validator=[ge(0), le(1)])
+    # warn (and flag alert/reward_vs_eval) when the training reward rose and the evaluation figure fell over
+    # this many evaluations in a row; 0: off
+    alert_eval_falls: int = attrs.field(default=3, validator=ge(0))
     eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation every k iterations; 0 disables
     eval_prompts: int = attrs.field(default=64, validator=positive)  # how many held-out prompts to score
     eval_seed: int = 0  # initial noise of the evaluation samples

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flowrl.trainer.health import rollout_health
+from flowrl.trainer.health import HealthAlerts, rollout_health
 
 
 def test_diversity_is_the_mean_rms_distance_within_groups() -> None:
@@ -31,3 +31,33 @@ def test_large_images_are_pooled_before_the_distance() -> None:
 
 def test_single_image_groups_give_no_signal() -> None:
     assert rollout_health(torch.rand(2, 3, 4, 4), torch.tensor([0, 1]), torch.zeros(2)) == {}
+
+
+def test_diversity_alert_starts_once_and_clears() -> None:
+    alerts = HealthAlerts(diversity_share=0.5, eval_falls=0)
+    started = []
+    flags = []
+    for d in (1.0, 0.6, 0.4, 0.3, 0.8, 0.45):
+        metrics = {"health/diversity": d}
+        started.append(len(alerts.observe(metrics, None)))
+        flags.append(metrics.get("alert/diversity", 0))
+    assert flags == [0, 0, 1, 1, 0, 1]
+    assert started == [0, 0, 1, 0, 0, 1]  # a message when it starts, not in every row
+
+
+def test_reward_vs_eval_alert_needs_rising_reward_and_falling_evaluation() -> None:
+    alerts = HealthAlerts(diversity_share=0.0, eval_falls=2)
+    # (training reward, evaluation figure or None): evaluations at every second iteration
+    steps = [(0.1, 0.50), (0.2, None), (0.3, 0.45), (0.4, None), (0.5, 0.40), (0.6, None), (0.6, 0.42)]
+    flags, messages = [], []
+    for reward, figure in steps:
+        metrics = {"reward/total": reward}
+        messages += alerts.observe(metrics, None if figure is None else ("eval/strict", figure))
+        flags.append(metrics.get("alert/reward_vs_eval", 0))
+    # the third evaluation completes two rises of the reward with two falls of the figure; the fourth clears it
+    assert flags == [0, 0, 0, 0, 1, 1, 0]
+    assert len(messages) == 1 and "eval/strict fell over the last 2 evaluations (0.5000 -> 0.4000)" in messages[0]
+    flat = HealthAlerts(diversity_share=0.0, eval_falls=2)
+    for reward, figure in [(0.1, 0.5), (0.1, 0.45), (0.1, 0.4)]:  # evaluation falls, reward does not rise
+        metrics = {"reward/total": reward}
+        assert not flat.observe(metrics, ("eval/strict", figure)) and "alert/reward_vs_eval" not in metrics

@@ -33,7 +33,7 @@ from flowrl.trainer.checkpoint import (
 )
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.ema import EMA
-from flowrl.trainer.health import rollout_health
+from flowrl.trainer.health import HealthAlerts, rollout_health
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
@@ -111,6 +111,7 @@ class Trainer:
         self.skipped = 0
         self.updates = 0  # optimizer steps taken since this process started the run (or resumed it)
         self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
+        self.alerts = HealthAlerts(self.cfg.alert_diversity, self.cfg.alert_eval_falls)
         # One writer per run folder: the lock comes before the checks, so two runs started together cannot
         # both pass them; nothing in the folder is rewritten until every check has passed.
         self._lock = lock_run_folder(self.run_dir) if self.accelerator.is_main_process else None
@@ -283,9 +284,14 @@ class Trainer:
             "skipped_steps": self.skipped,
         }
         self.time_up = self._time_is_up()
+        figure = None
         if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or self.finished()):
             metrics.update(self.evaluate())
             self.keep_best(metrics)
+            figure = self.best_figure(metrics, "auto")
+        for message in self.alerts.observe(metrics, figure if figure and figure[0] else None):
+            if self.accelerator.is_main_process:
+                tqdm.write(f"warning at step {self.step}: {message}", file=sys.stderr)
         if self.cfg.log_every and self.step % self.cfg.log_every == 0:
             self.logger.log(metrics)
         if self.cfg.image_every and self.step % self.cfg.image_every == 0:
@@ -397,9 +403,10 @@ class Trainer:
             )
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def best_figure(self, figures: dict[str, Any]) -> tuple[str, float]:
-        """The key and value of ``trainer.keep_best``'s figure in ``figures`` (``("", -inf)`` when off)."""
-        key = self.cfg.keep_best
+    def best_figure(self, figures: dict[str, Any], key: str | None = None) -> tuple[str, float]:
+        """The key and value of ``trainer.keep_best``'s figure (or of ``key``) in ``figures`` (``("", -inf)``
+        when off)."""
+        key = self.cfg.keep_best if key is None else key
         if key == "auto":
             key = next((k for k in ("eval/strict", "eval/score") if k in figures), "")
         if not key:
