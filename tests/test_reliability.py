@@ -18,9 +18,10 @@ from conftest import ROOT, tiny_recipe
 from safetensors.torch import load_file
 
 from flowrl import Plan, RewardModel, Schedule, TimestepSelector, Unit
+from flowrl.interfaces import RewardError
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import train
-from flowrl.trainer.loop import NonFiniteError, NothingTrainedError, RewardError
+from flowrl.trainer.errors import NonFiniteError, NothingTrainedError
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
 
 

@@ -15,7 +15,7 @@ from flowrl import Plan, PlanError, Schedule, TimestepSelector, Unit
 from flowrl.loading import load_policy
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import Trainer, train
-from flowrl.trainer.loop import BestMetricError
+from flowrl.trainer.errors import BestMetricError
 
 KEYS = {
     *("step", "wall_s", "nfe", "reward/jpeg_compressibility", "loss", "clip_frac", "grad_norm"),

@@ -153,7 +153,7 @@ def reset_peak_memory() -> None:
 def train_one(recipe: Recipe, run_dir: Path, quiet: bool, continue_run: bool = False) -> None:
     """Train one run into ``run_dir`` (afresh, or from its newest checkpoint) and write ``final_eval.json``."""
     from flowrl.trainer import Trainer
-    from flowrl.trainer.loop import NonFiniteError, NothingTrainedError
+    from flowrl.trainer.errors import NonFiniteError, NothingTrainedError
 
     if not continue_run:
         clear_run_dir(run_dir)

@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 from flowrl.config import ConfigError
+from flowrl.interfaces import RewardError
 from flowrl.prompts import PromptFileError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, RegistryError, registry, summary
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
-from flowrl.trainer.loop import BestMetricError, NonFiniteError, NothingTrainedError, RewardError, RunFolderError
+from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTrainedError, RunFolderError
 
 USER_ERRORS = (
     RecipeError,

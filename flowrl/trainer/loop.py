@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
-from flowrl.interfaces import Backbone, RewardError, RewardModel
+from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
@@ -33,9 +33,11 @@ from flowrl.trainer.checkpoint import (
 )
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.ema import EMA
+from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTrainedError, RunInterrupted
 from flowrl.trainer.health import HealthAlerts, rollout_health
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import add_lora
+from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
 from flowrl.trainer.support import (
     StopSignal,
@@ -47,26 +49,6 @@ from flowrl.trainer.support import (
 )
 from flowrl.trainer.update import StatsMean, forward_process_losses, transition_losses
 from flowrl.types import Advantages, PlanError, RewardBatch, Rollout, Schedule
-
-
-class NonFiniteError(RuntimeError):
-    """Too many consecutive iterations produced NaN or inf."""
-
-
-class NothingTrainedError(RuntimeError):
-    """Every iteration of the run was skipped or had no transition to train: the weights never changed."""
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped the run after its checkpoint (``signal``: the signal's name)."""
-
-    def __init__(self, signal_name: str) -> None:
-        super().__init__(signal_name)
-        self.signal = signal_name
-
-
-class BestMetricError(ValueError):
-    """``trainer.keep_best`` names a figure the run's evaluation does not report."""
 
 
 class Trainer:
@@ -313,26 +295,7 @@ class Trainer:
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
     def score(self, rollout: Rollout) -> RewardBatch:
-        images, texts = rollout.images, rollout.rollout_texts()
-        scores = {}
-        for name, _, reward in self.rewards:
-            try:
-                raw = reward.score(images, texts)
-            except Exception as error:
-                raise RewardError(
-                    f"reward '{name}' ({type(reward).__name__}) failed: {type(error).__name__}: {error}"
-                ) from error
-            if not isinstance(raw, torch.Tensor):
-                raise RewardError(
-                    f"reward '{name}' returned a {type(raw).__name__}; score() must return a tensor of shape"
-                    f" ({rollout.num_rollouts},)"
-                )
-            scores[name] = raw.float().cpu()
-            if scores[name].shape != (rollout.num_rollouts,):
-                raise RewardError(
-                    f"reward '{name}' returned shape {tuple(scores[name].shape)}, expected ({rollout.num_rollouts},)"
-                )
-        return RewardBatch(scores=scores, weights={name: w for name, w, _ in self.rewards})
+        return score_rollout(self.rewards, rollout)
 
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
         """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped."""
@@ -486,11 +449,3 @@ class Trainer:
 def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:
     """Train ``recipe`` into ``run_dir`` (resuming from a run or checkpoint folder if given)."""
     return Trainer(recipe, run_dir, resume=resume, quiet=quiet).run()
-
-
-def reward_models(recipe: Recipe) -> list[tuple[str, float, RewardModel]]:
-    """The recipe's reward models, built and checked (no backbone needed)."""
-    models = [(r.name, r.weight, r.build()) for r in recipe.rewards]
-    for _, _, model in models:
-        model.check()
-    return models

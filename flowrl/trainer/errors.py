@@ -1,0 +1,28 @@
+"""The trainer's errors that mean "stop and tell the user" (the command line prints them on one line, status 2),
+and the interruption that makes ``flowrl train`` exit 130 or 143."""
+
+from __future__ import annotations
+
+from flowrl.trainer.runfolder import RunFolderError
+
+__all__ = ["BestMetricError", "NonFiniteError", "NothingTrainedError", "RunFolderError", "RunInterrupted"]
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive iterations produced NaN or inf."""
+
+
+class NothingTrainedError(RuntimeError):
+    """Every iteration of the run was skipped or had no transition to train: the weights never changed."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run after its checkpoint (``signal``: the signal's name)."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal = signal_name
+
+
+class BestMetricError(ValueError):
+    """``trainer.keep_best`` names a figure the run's evaluation does not report."""

@@ -1,0 +1,41 @@
+"""The recipe's rewards: built and checked before the model loads, and applied to a rollout's images."""
+
+from __future__ import annotations
+
+import torch
+
+from flowrl.interfaces import RewardError, RewardModel
+from flowrl.recipe import Recipe
+from flowrl.types import RewardBatch, Rollout
+
+
+def reward_models(recipe: Recipe) -> list[tuple[str, float, RewardModel]]:
+    """The recipe's reward models, built and checked (no backbone needed)."""
+    models = [(r.name, r.weight, r.build()) for r in recipe.rewards]
+    for _, _, model in models:
+        model.check()
+    return models
+
+
+def score_rollout(rewards: list[tuple[str, float, RewardModel]], rollout: Rollout) -> RewardBatch:
+    """Every reward's scores of the rollout's images; a reward that fails, or returns anything but a tensor of
+    one score per image, is a :class:`RewardError` naming it."""
+    images, texts = rollout.images, rollout.rollout_texts()
+    scores = {}
+    for name, _, reward in rewards:
+        try:
+            raw = reward.score(images, texts)
+        except Exception as error:
+            failure = f"{type(error).__name__}: {error}"
+            raise RewardError(f"reward '{name}' ({type(reward).__name__}) failed: {failure}") from error
+        if not isinstance(raw, torch.Tensor):
+            raise RewardError(
+                f"reward '{name}' returned a {type(raw).__name__}; score() must return a tensor of shape"
+                f" ({rollout.num_rollouts},)"
+            )
+        scores[name] = raw.float().cpu()
+        if scores[name].shape != (rollout.num_rollouts,):
+            raise RewardError(
+                f"reward '{name}' returned shape {tuple(scores[name].shape)}, expected ({rollout.num_rollouts},)"
+            )
+    return RewardBatch(scores=scores, weights={name: w for name, w, _ in rewards})
