@@ -151,6 +151,8 @@ def test_trainer_runs_sd3_with_lora_checkpointing_and_bf16() -> None:
             trainer = Trainer(recipe_from_dict(data), Path(tmp), quiet=True)
             assert trainer.backbone.transformer.is_gradient_checkpointing
             metrics = trainer.iteration()
+            trainer.logger.close()  # before the folder goes: TensorBoard's writer thread would write into it
+            trainer.release()
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
     assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
