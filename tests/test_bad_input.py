@@ -277,6 +277,15 @@ CASES = [
         ("tiny.toml", "[sampler.group_size]"),
     ),
     Case(
+        "output-dir-is-a-file",
+        "`--output-dir afile/run` where `afile` is an existing file",
+        ("train", "tiny.toml", "--output-dir", "afile/run"),
+        lambda folder, run: (recipe()(folder, run), (folder / "afile").write_text("notes\n")),
+        "error: --output-dir afile/run: afile is a file, not a folder; choose another --output-dir",
+        ("afile", "--output-dir"),
+        keep=("afile",),
+    ),
+    Case(
         "recipe-missing",
         "a recipe file that does not exist",
         ("train", "missing.toml"),

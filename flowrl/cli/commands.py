@@ -46,6 +46,9 @@ def train(args: argparse.Namespace) -> int:
         run_dir = run_dir.parent.parent if run_dir.parent.name == "checkpoints" else run_dir
     else:
         run_dir = Path(args.output_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # before the model loads: the folder could never be made
+        raise RunFolderError(f"--output-dir {run_dir}: {blocked} is a file, not a folder; choose another --output-dir")
     out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     if os.environ.get("RANK", "0") == "0":
         print(f"run folder: {out}")
