@@ -81,7 +81,12 @@ def list_checkpoints(parent: Path) -> list[Path]:
     if not parent.is_dir():
         return []
     found = [p for p in parent.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE).exists()]
-    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step of a ``step_NNNNNN`` checkpoint folder."""
+    return int(folder.name.split("_")[1])
 
 
 def find_checkpoint(path: Path, which: str = "last") -> Path:
@@ -93,14 +98,14 @@ def find_checkpoint(path: Path, which: str = "last") -> Path:
     if (path / STATE).exists():
         return path
     found = list_checkpoints(path / "checkpoints")
-    steps = ", ".join(str(int(p.name.split("_")[1])) for p in found) or "none"
+    steps = ", ".join(str(checkpoint_step(p)) for p in found) or "none"
     if which == BEST:
         best = path / "checkpoints" / BEST
         if not (best / STATE).exists():
             raise CheckpointError(f"{path}: no best checkpoint (trainer.keep_best needs evaluations); steps: {steps}")
         return best
     if which != "last":
-        chosen = [p for p in found if which.isdigit() and int(p.name.split("_")[1]) == int(which)]
+        chosen = [p for p in found if checkpoint_step(p) == int(which)] if which.isdigit() else []
         if not chosen:
             raise CheckpointError(f"{path}: no checkpoint of step {which} (kept steps: {steps}; or best, last)")
         return chosen[0]
