@@ -48,7 +48,7 @@ class TrainerConfig:
     keep_checkpoints: int = attrs.field(default=2, validator=positive)
     # checkpoints/best holds the weights with the highest value of this evaluation figure (an `eval/...` key of
     # metrics.jsonl); "auto": eval/strict where the evaluation reports it (the embedded world), else eval/score;
-    # "": no best checkpoint. Needs eval_every > 0.
+    # "": no best checkpoint. Needs eval_every or eval_every_nfe > 0.
     keep_best: str = attrs.field(default="auto", validator=_evaluation_figure)
     # warn (and flag alert/diversity) when health/diversity falls below this share of its first value; 0: off
     alert_diversity: float = attrs.field(default=0.5, validator=[ge(0), le(1)])
@@ -56,6 +56,9 @@ class TrainerConfig:
     # this many evaluations in a row; 0: off
     alert_eval_falls: int = attrs.field(default=3, validator=ge(0))
     eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation every k iterations; 0 disables
+    # held-out evaluation after the iteration whose rollouts cross a multiple of this many NFE (methods with
+    # different NFE per iteration are then evaluated at the same budgets); 0 disables; either trigger evaluates
+    eval_every_nfe: int = attrs.field(default=0, validator=ge(0))
     eval_prompts: int = attrs.field(default=64, validator=positive)  # how many held-out prompts to score
     eval_seed: int = 0  # initial noise of the evaluation samples
     eval_steps: int = attrs.field(default=16, validator=positive)  # ODE steps of evaluation samples (any method)

@@ -106,6 +106,14 @@ def test_time_limit_stops_the_run_with_a_final_evaluation(tmp_path: Path) -> Non
     assert "eval/score" in rows[-1]
 
 
+def test_evaluation_every_nfe(tmp_path: Path) -> None:
+    """``trainer.eval_every_nfe``: evaluated after the iterations whose rollouts cross a multiple, and the last."""
+    recipe = recipe_from_dict(tiny_recipe(max_steps=5, eval_every_nfe=48, eval_prompts=2))
+    rows = metrics(train(recipe, tmp_path / "run", quiet=True))
+    # 32 NFE per iteration: 0 -> 32 -> 64 -> 96 -> 128 -> 160 crosses 48 at step 2, 96 at 3, 144 at 5.
+    assert [r["step"] for r in rows if "eval/score" in r] == [0, 2, 3, 5]
+
+
 class StraySelector(TimestepSelector):
     """A buggy selector: its second unit starts past the 4-step schedule."""
 

@@ -16,8 +16,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
     parser.add_argument("--nfe-budget", type=int, required=True, metavar="N",
                         help="stop each run once its rollouts used N transformer evaluations (trainer.max_nfe)")
-    parser.add_argument("--eval-every", type=int, default=5, metavar="K",
-                        help="held-out evaluation every K iterations (default: 5)")
+    parser.add_argument("--eval-every", type=int, default=None, metavar="K",
+                        help="held-out evaluation every K iterations (default: 5, or none with --eval-every-nfe)")
+    parser.add_argument("--eval-every-nfe", type=int, default=None, metavar="N",
+                        help="held-out evaluation each time a run's rollouts pass a multiple of N NFE: every method"
+                        " evaluated at the same budgets (trainer.eval_every_nfe)")
     parser.add_argument("--eval-prompts", type=int, default=None, metavar="M",
                         help="held-out prompts per evaluation (default: the recipe's trainer.eval_prompts)")
     parser.add_argument("--metric", default=None,
@@ -59,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     results = run_bench(
         args.recipes, seeds, args.nfe_budget, out,
-        eval_every=args.eval_every, eval_prompts=args.eval_prompts, overrides=args.set,
+        eval_every=args.eval_every, eval_every_nfe=args.eval_every_nfe, eval_prompts=args.eval_prompts, overrides=args.set,
         reference=args.reference, metric=args.metric, resume=args.resume, quiet=args.quiet,
     )
     print(markdown(results), end="")

@@ -26,6 +26,7 @@ BENCH_KEYS = {
     "seed": "--seeds",
     "trainer.max_nfe": "--nfe-budget",
     "trainer.eval_every": "--eval-every",
+    "trainer.eval_every_nfe": "--eval-every-nfe",
     "trainer.eval_prompts": "--eval-prompts",
 }
 
@@ -45,7 +46,8 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def bench_overrides(seed: int, nfe_budget: int, eval_every: int, eval_prompts: int | None) -> list[str]:
+def bench_overrides(seed: int, nfe_budget: int, eval_every: int, eval_prompts: int | None,
+                    eval_every_nfe: int = 0) -> list[str]:
     """The ``--set`` items the harness applies to every run (before the user's own)."""
     items = [
         f"seed={seed}",
@@ -54,6 +56,7 @@ def bench_overrides(seed: int, nfe_budget: int, eval_every: int, eval_prompts: i
         f"trainer.max_steps={nfe_budget}",
         "trainer.max_minutes=0",  # equal NFE, not equal time: a recipe's time limit would cut a run short
         f"trainer.eval_every={eval_every}",
+        f"trainer.eval_every_nfe={eval_every_nfe}",
         "trainer.checkpoint_every=0",
         "trainer.image_every=0",
     ]
@@ -63,13 +66,14 @@ def bench_overrides(seed: int, nfe_budget: int, eval_every: int, eval_prompts: i
 
 
 def check_options(seeds: Sequence[int], nfe_budget: int, eval_every: int, eval_prompts: int | None,
-                  overrides: Sequence[str]) -> None:
+                  overrides: Sequence[str], eval_every_nfe: int = 0) -> None:
     if not seeds:
         raise BenchError("--seeds: no seeds given (expected e.g. --seeds 0,1,2)")
     if nfe_budget <= 0:
         raise BenchError(f"--nfe-budget: must be a positive number of transformer evaluations, got {nfe_budget}")
-    if eval_every <= 0:
-        raise BenchError(f"--eval-every: must be positive (the report needs held-out curves), got {eval_every}")
+    if eval_every < 0 or eval_every_nfe < 0 or not (eval_every or eval_every_nfe):
+        given = f"--eval-every {eval_every}, --eval-every-nfe {eval_every_nfe}"
+        raise BenchError(f"--eval-every / --eval-every-nfe: one must be positive (the report needs held-out curves), got {given}")
     if eval_prompts is not None and eval_prompts <= 0:
         raise BenchError(f"--eval-prompts: must be positive, got {eval_prompts}")
     for item in overrides:
@@ -191,7 +195,8 @@ def run_bench(
     nfe_budget: int,
     output_dir: Path,
     *,
-    eval_every: int = 5,
+    eval_every: int | None = None,
+    eval_every_nfe: int | None = None,
     eval_prompts: int | None = None,
     overrides: Sequence[str] = (),
     reference: str | None = None,
@@ -199,12 +204,17 @@ def run_bench(
     resume: bool = False,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """Train every recipe x seed under ``nfe_budget`` rollout NFE, then write the report; return the results."""
+    """Train every recipe x seed under ``nfe_budget`` rollout NFE, then write the report; return the results.
+
+    Evaluations: every ``eval_every`` iterations (default 5 when ``eval_every_nfe`` is not given) and/or each
+    time the rollouts pass a multiple of ``eval_every_nfe`` NFE."""
     from tqdm.auto import tqdm
 
-    check_options(seeds, nfe_budget, eval_every, eval_prompts, overrides)
+    every_nfe = eval_every_nfe or 0
+    every = (0 if every_nfe else 5) if eval_every is None else eval_every
+    check_options(seeds, nfe_budget, every, eval_prompts, overrides, every_nfe)
     plan = load_recipes(
-        recipes, seeds, lambda seed: [*bench_overrides(seed, nfe_budget, eval_every, eval_prompts), *overrides]
+        recipes, seeds, lambda seed: [*bench_overrides(seed, nfe_budget, every, eval_prompts, every_nfe), *overrides]
     )
     if reference is not None and reference not in plan:
         raise BenchError(f"--reference: no recipe is named '{reference}' (names: {', '.join(plan)})")
@@ -231,7 +241,8 @@ def run_bench(
         "recipes": [str(p) for p in recipes],
         "seeds": list(seeds),
         "nfe_budget": nfe_budget,
-        "eval_every": eval_every,
+        "eval_every": every,
+        "eval_every_nfe": every_nfe,
         "eval_prompts": eval_prompts,
         "overrides": list(overrides),
         "resume": resume,

@@ -151,7 +151,7 @@ class Trainer:
         self.started = time.perf_counter()
         first = self.step
         try:
-            if self.cfg.eval_every and self.step == 0:
+            if self.evaluates and self.step == 0:
                 figures = self.evaluate()
                 self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **figures})
                 self.best_value = self.best_figure(figures)[1]
@@ -195,6 +195,19 @@ class Trainer:
         budget = bool(self.cfg.max_nfe and self.nfe >= self.cfg.max_nfe)
         return self.step >= self.cfg.max_steps or budget or self.time_up
 
+    @property
+    def evaluates(self) -> bool:
+        """Held-out evaluations are on (by iterations, by NFE or both)."""
+        return bool(self.cfg.eval_every or self.cfg.eval_every_nfe)
+
+    def evaluation_due(self, nfe_before: int) -> bool:
+        """Evaluate after this iteration: every ``eval_every`` iterations, when this iteration's rollouts took
+        the NFE count from ``nfe_before`` across a multiple of ``eval_every_nfe``, and after the last iteration."""
+        cfg, every = self.cfg, self.cfg.eval_every_nfe
+        by_step = bool(cfg.eval_every) and self.step % cfg.eval_every == 0
+        by_nfe = bool(every) and self.nfe // every > nfe_before // every
+        return self.evaluates and (by_step or by_nfe or self.finished())
+
     def _time_is_up(self) -> bool:
         """``trainer.max_minutes`` has passed since ``run`` started (the slowest process decides)."""
         if not self.cfg.max_minutes:
@@ -237,6 +250,7 @@ class Trainer:
         t_update = time.perf_counter() - t1
         # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
+        nfe_before = self.nfe
         self.nfe += reduce_metrics(self.accelerator, {"nfe": nfe_iteration}, summed=("nfe",))["nfe"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
@@ -267,7 +281,7 @@ class Trainer:
         }
         self.time_up = self._time_is_up()
         figure = None
-        if self.cfg.eval_every and (self.step % self.cfg.eval_every == 0 or self.finished()):
+        if self.evaluation_due(nfe_before):
             metrics.update(self.evaluate())
             self.keep_best(metrics)
             figure = self.best_figure(metrics, "auto")
