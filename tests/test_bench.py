@@ -96,8 +96,10 @@ def test_report_known_curves(runs: dict[str, dict[int, Path]], tmp_path: Path) -
     assert results["bench"] == {"nfe_budget": 200}
 
     md = (out / "results.md").read_text()
+    main_table = md.split("\n## ")[0]
     for name in ("ref", "fast", "slow"):
-        assert sum(line.startswith(f"| {name} |") for line in md.splitlines()) == 1
+        assert sum(line.startswith(f"| {name} |") for line in main_table.splitlines()) == 1
+    assert "| ref | slow | +0.3000 | 0.1000 | 3.00 | 1.0 |" in md  # the pairwise table (see the test below)
     assert "not reached" in md and "budget 200 NFE" in md
     for png in ("score_vs_nfe.png", "score_vs_wall_s.png"):
         data = (out / png).read_bytes()
@@ -106,6 +108,28 @@ def test_report_known_curves(runs: dict[str, dict[int, Path]], tmp_path: Path) -
 
         with Image.open(out / png) as image:
             assert image.format == "PNG" and min(image.size) > 100
+
+
+def test_pairwise_tests_and_reach_ratios(runs: dict[str, dict[int, Path]]) -> None:
+    results = build_results(runs)
+    assert results["methods"]["ref"]["final_score"]["se"] == pytest.approx(0.1)  # std sqrt(0.02) / sqrt(2)
+    pairs = {(r["a"], r["b"]): r for r in results["pairwise"]}
+    assert set(pairs) == {("ref", "fast"), ("ref", "slow"), ("fast", "slow")}
+    # ref (0.6, 0.8) vs slow (0.4, 0.4): diff 0.3, se sqrt(0.02 / 2) = 0.1, t = 3, Welch df = 1 (slow has no
+    # variance), and Student's t with 1 df is the Cauchy distribution: p = 1 - 2 atan(3) / pi.
+    rs = pairs["ref", "slow"]
+    assert (rs["diff"], rs["se"], rs["t"], rs["df"]) == pytest.approx((0.3, 0.1, 3.0, 1.0))
+    assert rs["p"] == pytest.approx(1 - 2 * math.atan(3) / math.pi, rel=1e-9) and not rs["significant"]
+    assert pairs["fast", "slow"]["p"] is None  # both without variance: nothing to test
+    ratios = results["reach_ratios"]
+    # fast reaches ref's final mean 0.7 at 50 + 50 * 0.2 / 0.3 NFE; ref itself needs 200.
+    to_ref = ratios["ref"]["fast"]
+    assert to_ref["ratio"] == pytest.approx((50 + 50 * 0.2 / 0.3) / 200)
+    # Resampling ref's seeds moves its level between 0.6 and 0.8: fast needs 66.7 to 100 NFE, ref 200.
+    assert 1 / 3 - 1e-9 <= to_ref["low"] <= to_ref["ratio"] <= to_ref["high"] <= 0.5 + 1e-9
+    assert to_ref["undefined"] == 0
+    never = ratios["ref"]["slow"]  # slow never reaches 0.6 or more
+    assert never["ratio"] is None and never["low"] is None and never["undefined"] == 1
 
 
 def test_reference_and_metric_choice(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:

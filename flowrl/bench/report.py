@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.bench import BenchError
+from flowrl.bench.compare import SIGNIFICANCE, pairwise, reach_ratios
+from flowrl.bench.stats import standard_error
 
 DEFAULT_METRIC = "eval/score"
 FINAL_EVAL = "final_eval.json"  # the harness's evaluation after the last iteration (a run folder file)
@@ -107,11 +109,12 @@ def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 def stats(values: Sequence[float]) -> dict[str, Any]:
-    """n, mean, sample standard deviation (``None`` below two values), min and max."""
+    """n, mean, sample standard deviation and standard error (``None`` below two values), min and max."""
     return {
         "n": len(values),
         "mean": statistics.fmean(values),
         "std": statistics.stdev(values) if len(values) > 1 else None,
+        "se": standard_error(values),
         "min": min(values),
         "max": max(values),
     }
@@ -245,6 +248,8 @@ def build_results(
         "target_score": target,
         "bench": dict(meta or {}),
         "methods": methods,
+        "pairwise": pairwise(methods),
+        "reach_ratios": reach_ratios(methods),
     }
 
 
@@ -253,7 +258,7 @@ def _fmt(value: float | None, spec: str = ".4g", missing: str = "—") -> str:
 
 
 def markdown(results: Mapping[str, Any]) -> str:
-    """``results.md``: one table row per method."""
+    """``results.md``: the method table, the other final figures, the pairwise tests and the NFE ratios."""
     metric, reference = results["metric"], results["reference"]
     bench = results.get("bench", {})
     budget = f" · budget {bench['nfe_budget']} NFE" if "nfe_budget" in bench else ""
@@ -262,16 +267,17 @@ def markdown(results: Mapping[str, Any]) -> str:
         "",
         f"Held-out metric `{metric}` · reference `{reference}` (final mean {_fmt(results['target_score'])}){budget}.",
         "",
-        f"| method | seeds | final {metric} (mean ± std) | min – max | NFE to reach ref | NFE × ref"
+        f"| method | seeds | final {metric} (mean ± se) | std | min – max | NFE to reach ref | NFE × ref"
         " | wall s to reach ref | iteration s | outside share | peak MB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, m in results["methods"].items():
         f = m["final_score"]
         cells = [
             name,
             str(f["n"]),
-            f"{_fmt(f['mean'])} ± {_fmt(f['std'])}",
+            f"{_fmt(f['mean'])} ± {_fmt(f.get('se'))}",
+            _fmt(f["std"]),
             f"{_fmt(f['min'])} – {_fmt(f['max'])}",
             _fmt(m["nfe_to_reach_reference"], ".0f", "not reached"),
             _fmt(m["nfe_ratio_to_reference"], ".3g"),
@@ -283,12 +289,70 @@ def markdown(results: Mapping[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "NFE to reach ref: cumulative rollout transformer evaluations at which the method's mean curve first reaches",
-        "the reference's final mean (linear between evaluations). NFE × ref: that, divided by the reference's own.",
-        "Outside share: fraction of iteration time spent outside transformer forward/backward. See docs/bench.md.",
+        "se: standard error over seeds (std / sqrt(n)). NFE to reach ref: cumulative rollout transformer evaluations",
+        "at which the method's mean curve first reaches the reference's final mean (linear between evaluations).",
+        "NFE × ref: that, divided by the reference's own. Outside share: fraction of iteration time spent outside",
+        "transformer forward/backward. See docs/bench.md.",
         "",
+        *_figures_table(results),
+        *_pairwise_table(results),
+        *_ratio_table(results),
     ]
     return "\n".join(lines)
+
+
+def _figures_table(results: Mapping[str, Any]) -> list[str]:
+    """Every final held-out figure the methods share (mean over seeds), other than standard errors."""
+    methods = list(results["methods"].values())
+    keys = [k for k in methods[0]["final_eval"] if not k.endswith("_se") and all(k in m["final_eval"] for m in methods)]
+    keys = [k for k in keys if k.count("/") == 1 or k.startswith("eval/strict/")]  # no per-reward copies
+    if not keys:
+        return []
+    lines = ["## Final held-out figures (mean over seeds)", "", "| method | " + " | ".join(k[5:] for k in keys) + " |",
+             "| --- |" + " ---: |" * len(keys)]
+    for name, m in results["methods"].items():
+        lines.append(f"| {name} | " + " | ".join(_fmt(m["final_eval"][k]["mean"], ".3f") for k in keys) + " |")
+    return [*lines, ""]
+
+
+def _pairwise_table(results: Mapping[str, Any]) -> list[str]:
+    rows = results.get("pairwise", [])
+    if not rows:
+        return []
+    lines = [f"## Pairwise differences of the final {results['metric']} (Welch's t-test, two-sided)", "",
+             "| A | B | A − B | se | t | df | p | p < {:g} |".format(SIGNIFICANCE), "| --- | --- |" + " ---: |" * 6]
+    for r in rows:
+        cells = [r["a"], r["b"], _fmt(r["diff"], "+.4f"), _fmt(r["se"], ".4f"), _fmt(r["t"], ".2f"),
+                 _fmt(r["df"], ".1f"), _fmt(r["p"], ".3g"), "yes" if r["significant"] else "no"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, "", "Seeds are the samples (3 to 5 per method): a difference not flagged is not shown, not absent.", ""]
+
+
+def _ratio_table(results: Mapping[str, Any]) -> list[str]:
+    ratios = results.get("reach_ratios", {})
+    names = list(results["methods"])
+    if not ratios:
+        return []
+    lines = [
+        "## NFE to reach another method's final level, as a multiple of that method's own NFE", "",
+        "Row M, column R: rollout NFE at which M's mean curve first reaches R's final mean, divided by the NFE R's",
+        "own mean curve needed; below 1, M gets there with fewer evaluations. [95% percentile bootstrap over",
+        "seeds]; \"undef\" is the share of resamples without a ratio (a level never reached, or R's own level reached",
+        "at NFE 0).", "",
+        "| M \\ R | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names),
+    ]
+    for m in names:
+        cells = []
+        for r in names:
+            cell = ratios.get(r, {}).get(m)
+            if m == r or cell is None:
+                cells.append("—")
+                continue
+            ci = f" [{_fmt(cell['low'], '.2f')}, {_fmt(cell['high'], '.2f')}]" if cell["low"] is not None else ""
+            undef = f" undef {cell['undefined']:.0%}" if cell["undefined"] else ""
+            cells.append(f"{_fmt(cell['ratio'], '.2f', 'not reached')}{ci}{undef}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def write_report(
