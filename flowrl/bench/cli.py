@@ -62,7 +62,8 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     results = run_bench(
         args.recipes, seeds, args.nfe_budget, out,
-        eval_every=args.eval_every, eval_every_nfe=args.eval_every_nfe, eval_prompts=args.eval_prompts, overrides=args.set,
+        eval_every=args.eval_every, eval_every_nfe=args.eval_every_nfe, eval_prompts=args.eval_prompts,
+        overrides=args.set,
         reference=args.reference, metric=args.metric, resume=args.resume, quiet=args.quiet,
     )
     print(markdown(results), end="")

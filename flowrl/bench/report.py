@@ -320,12 +320,13 @@ def _pairwise_table(results: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     lines = [f"## Pairwise differences of the final {results['metric']} (Welch's t-test, two-sided)", "",
-             "| A | B | A − B | se | t | df | p | p < {:g} |".format(SIGNIFICANCE), "| --- | --- |" + " ---: |" * 6]
+             f"| A | B | A − B | se | t | df | p | p < {SIGNIFICANCE:g} |", "| --- | --- |" + " ---: |" * 6]
     for r in rows:
         cells = [r["a"], r["b"], _fmt(r["diff"], "+.4f"), _fmt(r["se"], ".4f"), _fmt(r["t"], ".2f"),
                  _fmt(r["df"], ".1f"), _fmt(r["p"], ".3g"), "yes" if r["significant"] else "no"]
         lines.append("| " + " | ".join(cells) + " |")
-    return [*lines, "", "Seeds are the samples (3 to 5 per method): a difference not flagged is not shown, not absent.", ""]
+    note = "Seeds are the samples (3 to 5 per method): a difference not flagged is not shown, not absent."
+    return [*lines, "", note, ""]
 
 
 def _ratio_table(results: Mapping[str, Any]) -> list[str]:

@@ -73,7 +73,7 @@ def check_options(seeds: Sequence[int], nfe_budget: int, eval_every: int, eval_p
         raise BenchError(f"--nfe-budget: must be a positive number of transformer evaluations, got {nfe_budget}")
     if eval_every < 0 or eval_every_nfe < 0 or not (eval_every or eval_every_nfe):
         given = f"--eval-every {eval_every}, --eval-every-nfe {eval_every_nfe}"
-        raise BenchError(f"--eval-every / --eval-every-nfe: one must be positive (the report needs held-out curves), got {given}")
+        raise BenchError(f"--eval-every / --eval-every-nfe: one must be positive (the report needs curves): {given}")
     if eval_prompts is not None and eval_prompts <= 0:
         raise BenchError(f"--eval-prompts: must be positive, got {eval_prompts}")
     for item in overrides:
