@@ -55,6 +55,10 @@ class TrainerConfig:
     # warn (and flag alert/reward_vs_eval) when the training reward rose and the evaluation figure fell over
     # this many evaluations in a row; 0: off
     alert_eval_falls: int = attrs.field(default=3, validator=ge(0))
+    # health/kl_initial and health/velocity_drift (how far the policy moved from the initial one, on the
+    # rollout's transitions) every k iterations and after the last; 0: off. With full fine-tuning this keeps a
+    # frozen copy of the initial transformer (its size again in memory); with LoRA it costs nothing to keep.
+    kl_every: int = attrs.field(default=10, validator=ge(0))
     eval_every: int = attrs.field(default=0, validator=ge(0))  # held-out evaluation every k iterations; 0 disables
     # held-out evaluation after the iteration whose rollouts cross a multiple of this many NFE (methods with
     # different NFE per iteration are then evaluated at the same budgets); 0 disables; either trigger evaluates

@@ -32,6 +32,7 @@ from flowrl.trainer.checkpoint import (
     set_rng_state,
 )
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
+from flowrl.trainer.drift import policy_drift
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTrainedError, RunInterrupted
 from flowrl.trainer.health import HealthAlerts, rollout_health
@@ -47,7 +48,7 @@ from flowrl.trainer.support import (
     plan_scalars,
     seed_everything,
 )
-from flowrl.trainer.update import StatsMean, forward_process_losses, transition_losses
+from flowrl.trainer.update import StatsMean, forward_process_losses, no_reference, transition_losses
 from flowrl.types import Advantages, PlanError, RewardBatch, Rollout, Schedule
 
 
@@ -135,7 +136,9 @@ class Trainer:
         self.backbone.module = module  # type: ignore[attr-defined]
         self.ema = EMA(self.named_params, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
         needs = any(getattr(part, "needs_reference", False) for part in (self.loss_fn, self.selector, self.sampler))
-        self.reference = install_reference(self.backbone, lora=self.recipe.lora is not None, needed=needs)
+        self.reference = install_reference(
+            self.backbone, lora=self.recipe.lora is not None, needed=needs or self.cfg.kl_every > 0
+        )
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -254,6 +257,7 @@ class Trainer:
         self.nfe += reduce_metrics(self.accelerator, {"nfe": nfe_iteration}, summed=("nfe",))["nfe"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
+        self.time_up = self._time_is_up()
         t_model = self.backbone.forward_s - forward0 + update.pop("time/backward_s", 0.0)
         metrics: dict[str, Any] = {f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()}
         metrics["reward/total"] = float(rewards.total.mean())
@@ -261,6 +265,7 @@ class Trainer:
         metrics.update({f"advantage/{k}/abs_mean": float(v.abs().mean()) for k, v in advantages.per_reward.items()})
         metrics.update(rollout_health(rollout.images, rollout.group, rewards.total))
         metrics.update(update)
+        metrics.update(self.drift(rollout))
         metrics.update(plan_scalars(plan))
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
         metrics["lr"] = self.lr_schedule.get_last_lr()[0]
@@ -279,7 +284,6 @@ class Trainer:
             **reduce_metrics(self.accelerator, metrics),
             "skipped_steps": self.skipped,
         }
-        self.time_up = self._time_is_up()
         figure = None
         if self.evaluation_due(nfe_before):
             metrics.update(self.evaluate())
@@ -294,6 +298,16 @@ class Trainer:
             self.logger.images("rollouts", rollout.images[:16], self.step, rows=max(1, len(prompts)))
             self.logger.histogram("advantages", advantages.values, self.step)
         return metrics
+
+    def drift(self, rollout: Rollout) -> dict[str, float]:
+        """How far the policy moved from the initial one (flowrl.trainer.drift), every ``trainer.kl_every``
+        iterations and after the last."""
+        every = self.cfg.kl_every
+        if not every or self.reference is no_reference or (self.step % every and not self.finished()):
+            return {}
+        self.backbone.module.eval()  # type: ignore[attr-defined]
+        kernel, cond = self.schedule.kernel, rollout.cond
+        return policy_drift(self.backbone, kernel, self.schedule, cond, rollout.transitions, self.reference)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out figures of the current policy (deterministic ODE samples), keys ``eval/...``."""
