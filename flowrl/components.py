@@ -11,6 +11,7 @@ from flowrl.backbones import flux, sd3, tiny_flux, tiny_sd3  # noqa: F401
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
     hps,
+    imagereward,
     jpeg,  # noqa: F401
     ocr,
 )

@@ -2,7 +2,8 @@
 preprocessing against the reference processor, start-up checks, the OCR text match.
 
 The weights and the recorded scores in tests/data/rewards/ come from scripts/make_tiny_reward_weights.py.
-HPSv2, ImageReward and the real OCR engine need the extras: tests/extras (``nox -s extras``).
+ImageReward has its own file (tests/test_imagereward.py); HPSv2 and the real OCR engine need the extras:
+tests/extras (``nox -s extras``).
 """
 
 from __future__ import annotations
