@@ -14,6 +14,7 @@ from flowrl.interfaces import RewardError
 from flowrl.prompts import PromptFileError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, RegistryError, registry, summary
+from flowrl.report import ReportError
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
 from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTrainedError, RunFolderError
 
@@ -29,6 +30,7 @@ USER_ERRORS = (
     NothingTrainedError,
     BestMetricError,
     RunFolderError,
+    ReportError,
 )
 
 
@@ -171,4 +173,12 @@ def profile(args: argparse.Namespace) -> int:
         plot_profile(rows, Path(args.plot), f"{loaded.recipe.name}: reward spread per perturbed step")
         if not args.json:
             print(f"wrote {args.plot}")
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    from flowrl.report.page import write_report
+
+    out = write_report(Path(args.run), Path(args.out) if args.out else None)
+    print(f"wrote {out}")
     return 0

@@ -115,6 +115,11 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0)
     pr.set_defaults(func=commands.profile)
 
+    rp = sub.add_parser("report", help="write a one-page HTML report of a run: curves, alerts, samples, recipe")
+    rp.add_argument("run", help="run folder")
+    rp.add_argument("--out", default=None, metavar="FILE.html", help="where to write it (default: RUN/report.html)")
+    rp.set_defaults(func=commands.report)
+
     from flowrl.bench.cli import configure as configure_bench
     from flowrl.pretrain.cli import configure as configure_pretrain
 

@@ -319,6 +319,8 @@ class Trainer:
         self.backbone.module.eval()  # type: ignore[attr-defined]
         nfe = self.backbone.nfe
         result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
+        if self.cfg.image_every and self.accelerator.is_main_process:  # the run's samples over time (flowrl report)
+            self._sample_grid(self.run_dir / "samples" / f"step_{self.step:06d}.png")
         self.backbone.nfe = nfe  # evaluation is not part of the training budget
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
@@ -445,16 +447,17 @@ class Trainer:
             export_lora(self.backbone, path / LORA_FOLDER)
         (path / "recipe.toml").write_text(self.recipe.to_toml())
         if self.cfg.image_every:
-            self._sample_grid(path)
+            self._sample_grid(path / "samples.png")
         return path
 
-    def _sample_grid(self, path: Path) -> None:
-        """A grid of deterministic ODE samples for the held-out (or training) prompts, next to the checkpoint."""
+    def _sample_grid(self, file: Path) -> None:
+        """A PNG row of deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts."""
         from flowrl.evaluate import ode_images
 
         prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
         images = ode_images(self.backbone, prompts, self.eval_schedule, seed=0)
-        save_grid_png(images, rows=1, path=path / "samples.png")
+        file.parent.mkdir(parents=True, exist_ok=True)
+        save_grid_png(images, rows=1, path=file)
 
     def _resume(self, folder: Path) -> None:
         weights, state, extra = load_checkpoint(folder)

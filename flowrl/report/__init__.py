@@ -1,0 +1,5 @@
+"""``flowrl report``: a one-page HTML report of a run (:mod:`flowrl.report.page`)."""
+
+
+class ReportError(Exception):
+    """A path that is not a run folder, or an output file that cannot be written: a user error."""

@@ -1,0 +1,194 @@
+"""``flowrl report RUN``: one self-contained HTML page about a run (every image inline, no network).
+
+The page holds, top to bottom: the run's figures (iterations, NFE, wall time, first / best / last held-out
+evaluation), its alerts with the iterations where each held, the curves (:mod:`flowrl.report.curves`), the
+held-out sample grids written at each evaluation (``samples/step_*.png``: the first 8 held-out prompts, the
+same initial noise every time), and the resolved recipe.
+
+A small script at the end checks the page itself once it has loaded: it counts the images that failed to
+decode and the script errors, and writes the counts into ``<body data-check="...">``, so a headless browser
+can verify the page (``chromium --headless --dump-dom``).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from flowrl.report import ReportError
+from flowrl.report.curves import draw_panels
+from flowrl.trainer.runfolder import read_metrics
+
+MAX_GRIDS = 12  # sample grids shown, spread over the run (first and last always)
+CHECK_SCRIPT = """
+window.__reportErrors = [];
+window.addEventListener("error", function (event) {
+  window.__reportErrors.push(String(event.message || (event.target && event.target.src) || "error"));
+}, true);
+window.addEventListener("load", function () {
+  var images = Array.prototype.slice.call(document.images);
+  var broken = images.filter(function (i) { return !i.complete || i.naturalWidth === 0; }).length;
+  document.body.setAttribute("data-check", JSON.stringify(
+    {images: images.length, broken: broken, errors: window.__reportErrors}));
+});
+"""
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1240px; color: #222; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 13px; } td, th { padding: 3px 10px; border-bottom: 1px solid #eee; }
+th { text-align: left; } .panels img { width: 400px; margin: 4px; }
+.grid { margin: 6px 0; } .grid img { max-width: 100%; image-rendering: pixelated; display: block; }
+.alert { color: #a00; } .ok { color: #060; } pre { background: #f6f6f6; padding: 10px; font-size: 12px; }
+"""
+
+
+def _png(data: bytes, alt: str) -> str:
+    encoded = base64.b64encode(data).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def alert_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+    """Each ``alert/*`` flag and the iterations where it held."""
+    out: dict[str, list[int]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("alert/") and value:
+                out.setdefault(key, []).append(int(row["step"]))
+    return out
+
+
+def spans(steps: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3-5, 9"``."""
+    parts: list[str] = []
+    start = prev = None
+    for step in [*sorted(steps), None]:
+        if step is not None and prev is not None and step == prev + 1:
+            prev = step
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = step
+    return ", ".join(parts)
+
+
+def sample_grids(run_dir: Path) -> list[tuple[int, Path]]:
+    """``samples/step_*.png`` by step, at most :data:`MAX_GRIDS` spread evenly (first and last kept)."""
+    found = []
+    for path in (run_dir / "samples").glob("step_*.png"):
+        suffix = path.stem.removeprefix("step_")
+        if suffix.isdigit():
+            found.append((int(suffix), path))
+    found.sort()
+    if len(found) <= MAX_GRIDS:
+        return found
+    picks = sorted({round(i * (len(found) - 1) / (MAX_GRIDS - 1)) for i in range(MAX_GRIDS)})
+    return [found[i] for i in picks]
+
+
+def evaluation_key(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """The headline evaluation figure: eval/strict where logged (the embedded world), else eval/score."""
+    for key in ("eval/strict", "eval/score"):
+        if any(_number(r.get(key)) is not None for r in rows):
+            return key
+    return None
+
+
+def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    last = rows[-1]
+    out = [
+        ("iterations", str(last.get("step", "?"))),
+        ("rollout NFE", f"{int(last.get('nfe', 0)):,}"),
+        ("training wall time", f"{float(last.get('wall_s', 0.0)):.0f} s (evaluations excluded)"),
+    ]
+    key = evaluation_key(rows)
+    if key is not None:
+        points = [(int(r["step"]), float(r[key])) for r in rows if _number(r.get(key)) is not None]
+        best = max(points, key=lambda p: p[1])
+        out += [
+            (f"{key}: first", f"{points[0][1]:.4f} (iteration {points[0][0]})"),
+            (f"{key}: best", f"{best[1]:.4f} (iteration {best[0]})"),
+            (f"{key}: last", f"{points[-1][1]:.4f} (iteration {points[-1][0]})"),
+        ]
+    return out
+
+
+def render(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> str:
+    """The page's HTML for the run folder ``run_dir`` with metrics ``rows``."""
+    recipe_file = run_dir / "recipe.toml"
+    recipe = recipe_file.read_text(encoding="utf-8", errors="replace") if recipe_file.is_file() else ""
+    name = next((line.split("=", 1)[1].strip().strip('"') for line in recipe.splitlines()
+                 if line.startswith("name")), run_dir.name)
+    alerts = alert_steps(rows)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>flowrl report: {html.escape(name)}</title><style>{STYLE}</style>",
+        f"<script>{CHECK_SCRIPT}</script></head><body>",
+        f"<h1>flowrl run report: {html.escape(name)}</h1>",
+        f"<p>Run folder <code>{html.escape(str(run_dir))}</code></p>",
+        "<table>",
+        *(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary_rows(rows)),
+        "</table>",
+        "<h2>Alerts</h2>",
+    ]
+    if alerts:
+        parts.append("<ul>")
+        parts += [f'<li class="alert"><b>{html.escape(k)}</b> at iterations {spans(v)}</li>' for k, v in alerts.items()]
+        parts.append("</ul><p>Red bands on the curves mark the iterations with an alert. Look at the samples.</p>")
+    else:
+        parts.append('<p class="ok">No alert was raised (alert/diversity, alert/reward_vs_eval).</p>')
+    parts += ["<h2>Curves</h2>", '<div class="panels">']
+    parts += [_png(png, title) for title, png in draw_panels(rows, alerts)]
+    parts.append("</div>")
+    grids = sample_grids(run_dir)
+    parts.append("<h2>Held-out samples over the run</h2>")
+    if grids:
+        parts.append("<p>The first 8 held-out prompts, deterministic ODE samples from the same noise at each "
+                     "evaluation.</p>")
+        for step, path in grids:
+            parts.append(f'<div class="grid">iteration {step}{_png(path.read_bytes(), f"samples at {step}")}</div>')
+    else:
+        parts.append("<p>None written (they are saved at each evaluation when trainer.image_every &gt; 0).</p>")
+    parts += ["<h2>Resolved recipe</h2>", f"<pre>{html.escape(recipe) or '(no recipe.toml)'}</pre>", "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write the report of ``run_dir`` to ``out`` (default ``RUN/report.html``); return its path."""
+    run_dir = Path(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ReportError(f"{run_dir}: not a run folder (no metrics.jsonl)")
+    rows = [r for r in read_metrics(metrics) if isinstance(r, dict) and isinstance(r.get("step"), int)]
+    if not rows:
+        raise ReportError(f"{metrics}: no rows yet (the run has not finished an iteration)")
+    out = run_dir / "report.html" if out is None else Path(out)
+    if out.is_dir():
+        raise ReportError(f"--out {out}: is a folder; give a file name such as {out / 'report.html'}")
+    if not out.parent.is_dir():
+        raise ReportError(f"--out {out}: folder {out.parent} does not exist")
+    page = render(run_dir, rows)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def check_result(dom: str) -> dict[str, Any]:
+    """The ``data-check`` object a browser wrote into the page's body (see the module doc)."""
+    marker = 'data-check="'
+    start = dom.find(marker)
+    if start < 0:
+        raise ValueError("the page's check script did not run (no data-check attribute on <body>)")
+    end = dom.index('"', start + len(marker))
+    return dict(json.loads(html.unescape(dom[start + len(marker) : end])))
