@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -123,6 +124,8 @@ def convert(tp: Any, value: Any, path: str, problems: list[tuple[str, str]]) -> 
         return _fail(path, f"expected an integer, got {value!r}", problems)
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):  # TOML reads inf and nan; no setting means either
+                return _fail(path, f"expected a finite number, got {value!r}", problems)
             return float(value)
         return _fail(path, f"expected a number, got {value!r}", problems)
     if tp is str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -36,6 +37,13 @@ class Component:
 
     def __init__(self, config: Any) -> None:
         self.config = config
+
+    @staticmethod
+    def check_config(config: Any) -> Iterable[tuple[str, str]]:
+        """Problems with these settings that would otherwise surface only when the part is built (a model
+        shape the library refuses): ``(key within the part's table, message)`` pairs. Run by every recipe
+        load, so ``flowrl validate`` reports them without building anything. None by default."""
+        return ()
 
     def state_dict(self) -> dict[str, Any]:
         """State that must survive a checkpoint (a window position, a cache); empty by default."""

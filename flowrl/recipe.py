@@ -6,6 +6,7 @@ Every problem is collected with its file and key path; :class:`RecipeError` prin
 from __future__ import annotations
 
 import difflib
+import math
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -75,7 +76,12 @@ class Recipe:
     source: str = "<recipe>"
 
     def build(self, table: str) -> Any:
-        return self.parts[table].build()
+        """The part of ``table``, built. A settings problem its constructor finds (a ValueError that
+        ``check_config`` did not foresee) becomes a :class:`RecipeError` naming the table."""
+        try:
+            return self.parts[table].build()
+        except ValueError as error:
+            raise RecipeError(self.source, [(table, f"cannot be built with these settings: {error}")]) from error
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "seed": self.seed}
@@ -173,6 +179,11 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
             "trainer.inner_epochs",
             "a forward-process loss takes one inner epoch (its old policy is the current one)",
         )
+    for table, part in recipe.parts.items():
+        yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_config(part.config))
+    for i, reward in enumerate(recipe.rewards):
+        label = f"reward[{i}]" if len(recipe.rewards) > 1 else "reward"  # as the loader names it
+        yield from ((f"{label}.{key}" if key else label, msg) for key, msg in reward.cls.check_config(reward.config))
     names = [r.name for r in recipe.rewards]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         yield ("reward", f"two rewards are named '{dup}'; give each [[reward]] a distinct name")
@@ -216,8 +227,8 @@ def _resolve_rewards(specs: Any, problems: list[tuple[str, str]]) -> list[Reward
         spec = dict(spec)
         weight = spec.pop("weight", 1.0)
         name = spec.pop("name", spec.get("type", ""))
-        if not isinstance(weight, int | float) or isinstance(weight, bool):
-            problems.append((f"{path}.weight", f"expected a number, got {weight!r}"))
+        if not isinstance(weight, int | float) or isinstance(weight, bool) or not math.isfinite(weight):
+            problems.append((f"{path}.weight", f"expected a finite number, got {weight!r}"))
             continue
         part = _resolve_part("reward", spec, path, problems)
         if part is not None:

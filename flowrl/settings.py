@@ -84,4 +84,6 @@ class LoraConfig:
     rank: int = attrs.field(default=32, validator=positive)
     alpha: float = attrs.field(default=64.0, validator=positive)
     dropout: float = attrs.field(default=0.0, validator=[ge(0), le(1)])
-    target_modules: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
+    target_modules: tuple[str, ...] = attrs.field(  # module names (or name suffixes) that get adapters
+        default=("to_q", "to_k", "to_v", "to_out.0"), validator=attrs.validators.min_len(1)
+    )

@@ -203,6 +203,27 @@ CASES = [
         "[optim.lr]",
     ),
     recipe_case(
+        "not-finite",
+        "`[optim] lr = inf` (TOML reads `inf` and `nan` as numbers)",
+        lambda d: d["optim"].update(lr=float("inf")),
+        "[optim.lr] expected a finite number, got inf",
+        "[optim.lr]",
+    ),
+    recipe_case(
+        "reward-weight-nan",
+        "`[[reward]] weight = nan`",
+        lambda d: d["reward"][0].update(weight=float("nan")),
+        "[reward.weight] expected a finite number, got nan",
+        "[reward.weight]",
+    ),
+    recipe_case(
+        "model-shape",
+        "`[backbone] resolution = 15` for a model with 4-pixel tokens (the library refuses it only when building)",
+        lambda d: d["backbone"].update(resolution=15),
+        "[backbone.resolution] resolution 15 must be divisible by 4",
+        "[backbone.resolution]",
+    ),
+    recipe_case(
         "missing-table",
         "no `[kernel]` table",
         lambda d: d.pop("kernel"),

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import attrs
 from attrs.validators import ge, gt, in_
 
+from flowrl.backbones.checks import spec_problems
 from flowrl.backbones.flux import DTYPES, FluxAdapter
 from flowrl.registry import register
 
@@ -30,11 +31,11 @@ class TinyFlux(FluxAdapter):
         guidance: float = 3.5
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
 
-    def load_pipeline(self) -> Any:
-        from flowrl.backbones.tiny import TinyFluxSpec, tiny_flux_pipeline
+    @staticmethod
+    def spec(c: Any) -> Any:
+        from flowrl.backbones.tiny import TinyFluxSpec
 
-        c = self.config
-        spec = TinyFluxSpec(
+        return TinyFluxSpec(
             image_size=c.resolution,
             pixel_space=c.pixel_space,
             patch=c.patch,
@@ -45,4 +46,13 @@ class TinyFlux(FluxAdapter):
             axes_dims_rope=c.axes_dims_rope,
             max_length=c.max_sequence_length,
         )
-        return tiny_flux_pipeline(spec, seed=c.seed)
+
+    @staticmethod
+    def check_config(config: Config) -> list[tuple[str, str]]:
+        renames = {"image_size": "resolution", "max_length": "max_sequence_length"}
+        return spec_problems(lambda: TinyFlux.spec(config), renames, attrs.fields_dict(type(config)))
+
+    def load_pipeline(self) -> Any:
+        from flowrl.backbones.tiny import tiny_flux_pipeline
+
+        return tiny_flux_pipeline(self.spec(self.config), seed=self.config.seed)

@@ -23,6 +23,7 @@ import attrs
 import torch
 from attrs.validators import ge, gt, in_
 
+from flowrl.backbones.checks import spec_problems
 from flowrl.backbones.sd3 import DTYPES, GRIDS, SD3Adapter
 from flowrl.backbones.tiny import tiny_clip_config, tiny_t5, tiny_vae
 from flowrl.backbones.tokenizer import DEFAULT_WORDS, build_word_tokenizer
@@ -159,13 +160,20 @@ class TinySD3(SD3Adapter):
         grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))  # sigma grid
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
 
-    def load_pipeline(self) -> Any:
-        c = self.config
-        spec = TinySD3Spec(
+    @staticmethod
+    def spec(c: Config) -> TinySD3Spec:
+        return TinySD3Spec(
             image_size=c.resolution,
             num_layers=c.num_layers,
             attention_head_dim=c.attention_head_dim,
             num_attention_heads=c.num_attention_heads,
             max_length=c.max_sequence_length,
         )
-        return tiny_sd3_pipeline(spec, seed=c.seed)
+
+    @staticmethod
+    def check_config(config: Config) -> list[tuple[str, str]]:
+        renames = {"image_size": "resolution", "max_length": "max_sequence_length"}
+        return spec_problems(lambda: TinySD3.spec(config), renames, attrs.fields_dict(type(config)))
+
+    def load_pipeline(self) -> Any:
+        return tiny_sd3_pipeline(self.spec(self.config), seed=self.config.seed)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
 from flowrl.interfaces import Backbone
-from flowrl.recipe import Recipe
+from flowrl.recipe import Recipe, RecipeError
 from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
     BEST,
@@ -117,7 +117,10 @@ class Trainer:
     def _setup_model(self) -> None:
         transformer = self.backbone.transformer
         if self.recipe.lora is not None:
-            add_lora(transformer, self.recipe.lora)
+            try:
+                add_lora(transformer, self.recipe.lora)
+            except ValueError as error:  # peft: e.g. no module matches target_modules
+                raise RecipeError(self.recipe.source, [("lora", f"cannot attach the adapters: {error}")]) from error
         else:
             transformer.requires_grad_(True)
         if self.cfg.gradient_checkpointing:

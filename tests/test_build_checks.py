@@ -1,0 +1,59 @@
+"""Settings that only the libraries refuse, when the part is built, are refused at recipe load (so by
+``flowrl validate``, before any model loads), naming the key; what no check can foresee (LoRA target names
+that exist only in the built model) becomes a recipe error when training starts, before any iteration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import tiny_recipe
+
+from flowrl.backbones.tiny_flux import TinyFlux
+from flowrl.backbones.tiny_sd3 import TinySD3
+from flowrl.recipe import RecipeError, recipe_from_dict
+from flowrl.trainer import Trainer
+
+Edit = Callable[[dict], object]
+
+
+def edited(edit: Edit) -> dict:
+    data = tiny_recipe(max_steps=1)
+    edit(data)
+    return data
+
+
+# (edit, the key the error names, the part class that would refuse the settings when built, or None)
+BAD = [
+    (lambda d: d["backbone"].update(resolution=15), "backbone.resolution", TinyFlux),
+    (lambda d: d["backbone"].update(resolution=18), "backbone.resolution", TinyFlux),
+    (lambda d: d["backbone"].update(axes_dims_rope=[4, 4, 4]), "backbone.axes_dims_rope", TinyFlux),
+    # the message names both keys: "axes_dims_rope (4, 6, 6) must sum to attention_head_dim 18"
+    (lambda d: d["backbone"].update(attention_head_dim=18), "backbone.axes_dims_rope", TinyFlux),
+    (lambda d: d.update(backbone={"type": "tiny_sd3", "resolution": 18}), "backbone.resolution", TinySD3),
+    (lambda d: d["optim"].update(lr=float("inf")), "optim.lr", None),
+    (lambda d: d["loss"].update(clip_range=float("nan")), "loss.clip_range", None),
+    (lambda d: d["reward"][0].update(weight=float("-inf")), "reward.weight", None),
+    (lambda d: d.update(lora={"target_modules": []}), "lora.target_modules", None),
+]
+
+
+@pytest.mark.parametrize(("edit", "key", "part"), BAD)
+def test_refused_at_load_naming_the_key(edit: Edit, key: str, part: type | None) -> None:
+    data = edited(edit)
+    with pytest.raises(RecipeError) as caught:
+        recipe_from_dict(data)
+    assert [k for k, _ in caught.value.problems] == [key]
+    if part is not None:  # without the check, building the model is where it would have failed
+        config = part.Config(**{k: v for k, v in data["backbone"].items() if k != "type"})
+        with pytest.raises(ValueError):
+            part(config).load_pipeline()
+
+
+def test_lora_targets_that_the_model_lacks_are_a_recipe_error_before_training(tmp_path: Path) -> None:
+    data = edited(lambda d: d.update(lora={"rank": 2, "target_modules": ["no_such_module"]}))
+    recipe = recipe_from_dict(data)  # names are only known once the model is built
+    with pytest.raises(RecipeError, match=r"\[lora\] cannot attach the adapters: .*no_such_module"):
+        Trainer(recipe, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
