@@ -260,4 +260,3 @@ def load_tiny_flux(folder: str | Path, **kwargs: object) -> FluxPipeline:
         kwargs.setdefault("vae", None)
     kwargs.setdefault("local_files_only", True)
     return FluxPipeline.from_pretrained(folder, **kwargs)
-
