@@ -34,6 +34,7 @@ class Component:
     """Base of every part: holds the validated config."""
 
     Config: Any
+    registered_name: str = ""  # the name it was registered under (set by the registry)
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -126,6 +127,13 @@ class Backbone(Component, ABC):
     nfe: int = 0
     device: torch.device = torch.device("cpu")
     forward_s: float = 0.0  # seconds spent in transformer forwards (for the time-outside-the-model share)
+    module: nn.Module  # what velocity() calls: the transformer, or the trainer's distributed wrapper of it
+
+    def to(self, device: torch.device) -> Backbone:
+        """Move the model to ``device`` (adapters move their whole pipeline)."""
+        self.transformer.to(device)
+        self.device = device
+        return self
 
     @property
     @abstractmethod

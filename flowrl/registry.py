@@ -11,14 +11,17 @@ import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts")
 PLUGIN_GROUP = "flowrl.plugins"
 
-C = TypeVar("C", bound=type)
+if TYPE_CHECKING:
+    from flowrl.interfaces import Component
+
+C = TypeVar("C", bound="type[Component]")
 
 
 class RegistryError(LookupError):
@@ -40,7 +43,7 @@ class Registry:
             if name in self._classes:
                 raise RegistryError(f"{self.kind} '{name}' is already registered by {self._classes[name]!r}")
             check_component(cls, self.interface, self.kind)
-            cls.registered_name = name  # type: ignore[attr-defined]
+            cls.registered_name = name
             self._classes[name] = cls
             return cls
 

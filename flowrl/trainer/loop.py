@@ -78,7 +78,7 @@ class Trainer:
         self.loss_fn = recipe.build("loss")
         kernel = recipe.build("kernel")
         self.backbone: Backbone = recipe.build("backbone")
-        self.backbone.to(self.accelerator.device)  # type: ignore[attr-defined]
+        self.backbone.to(self.accelerator.device)
         sampler_cfg = self.sampler.config
         sigmas = self.backbone.schedule_sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
         self.schedule = Schedule(sigmas=sigmas, kernel=kernel)
@@ -136,7 +136,7 @@ class Trainer:
         warmup = max(1, o.warmup_steps)
         self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: min(1.0, (k + 1) / warmup))
         module, self.optimizer = self.accelerator.prepare(transformer, self.optimizer)
-        self.backbone.module = module  # type: ignore[attr-defined]
+        self.backbone.module = module
         self.ema = EMA(self.named_params, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
         needs = any(getattr(part, "needs_reference", False) for part in (self.loss_fn, self.selector, self.sampler))
         self.reference = install_reference(
@@ -232,7 +232,7 @@ class Trainer:
         seed, per, rank = self.recipe.seed, self.cfg.prompts_per_step, self.accelerator.process_index
         everyone = self.prompts.sample(per * self.accelerator.num_processes, generator(seed, step, "prompts"))
         prompts = everyone[rank * per : (rank + 1) * per]
-        self.backbone.module.eval()  # type: ignore[attr-defined]
+        self.backbone.module.eval()
         nfe0 = self.backbone.nfe
         with torch.no_grad():
             self.selector.observe(self.backbone, prompts, self.schedule)
@@ -308,7 +308,7 @@ class Trainer:
         every = self.cfg.kl_every
         if not every or self.reference is no_reference or (self.step % every and not self.finished()):
             return {}
-        self.backbone.module.eval()  # type: ignore[attr-defined]
+        self.backbone.module.eval()
         kernel, cond = self.schedule.kernel, rollout.cond
         return policy_drift(self.backbone, kernel, self.schedule, cond, rollout.transitions, self.reference)
 
@@ -319,7 +319,7 @@ class Trainer:
         prompts = self.prompts.heldout()[: self.cfg.eval_prompts]
         if not prompts:
             return {}
-        self.backbone.module.eval()  # type: ignore[attr-defined]
+        self.backbone.module.eval()
         nfe = self.backbone.nfe
         result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
         if self.cfg.image_every and self.accelerator.is_main_process:  # the run's samples over time (flowrl report)
@@ -335,7 +335,7 @@ class Trainer:
         result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
         if self.loss_fn.objective == "transitions" and len(rollout.transitions) == 0:
             return result
-        module = self.backbone.module  # type: ignore[attr-defined]
+        module = self.backbone.module
         module.train()
         backward_s = 0.0
         for _ in range(self.cfg.inner_epochs):

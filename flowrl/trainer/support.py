@@ -93,11 +93,11 @@ class _swapped(AbstractContextManager[None]):
         self.backbone, self.module = backbone, module
 
     def __enter__(self) -> None:
-        self.saved = self.backbone.module  # type: ignore[attr-defined]
-        self.backbone.module = self.module  # type: ignore[attr-defined]
+        self.saved = self.backbone.module
+        self.backbone.module = self.module
 
     def __exit__(self, *exc: object) -> None:
-        self.backbone.module = self.saved  # type: ignore[attr-defined]
+        self.backbone.module = self.saved
 
 
 def install_reference(backbone: Backbone, lora: bool, needed: bool) -> Callable[[], AbstractContextManager[None]]:
