@@ -419,19 +419,22 @@ CASES = [
     ),
     Case(
         "resume-wider-model",
-        "`--resume` with a recipe for a wider model than the checkpoint's",
+        "`--resume` with a recipe for a wider model than the checkpoint's (refused before the model loads: a"
+        " resume may change only `[trainer]` and `[optim]`)",
         ("train", "tiny.toml", "--resume", "run", "--set", "backbone.num_attention_heads=4"),
         copy_run(),
-        f"error: checkpoint {CKPT}: weights are from another model ('context_embedder.bias' has shape (32,),"
-        f" this model's (64,)); use the recipe the checkpoint was written with ({CKPT}/recipe.toml)",
-        (CKPT, "context_embedder.bias"),
+        "recipe error: 1 problem in tiny.toml\n  [backbone.num_attention_heads] is 4 but the run being resumed used 2"
+        f" ({CKPT}/recipe.toml); a resumed run keeps its method, model, rewards and seed: resume with the run's"
+        " recipe.toml, or start a new run",
+        ("tiny.toml", "backbone.num_attention_heads"),
         keep=(*KEEP_RUN_DATA, "run/recipe.toml"),
     ),
     Case(
         "resume-deeper-model",
-        "`--resume` with a recipe for a deeper model (2 double-stream blocks; the checkpoint has 1)",
+        "`--resume` from a checkpoint without its recipe (older versions) with a recipe for a deeper model (2"
+        " double-stream blocks; the checkpoint has 1)",
         ("train", "tiny.toml", "--resume", "run", "--set", "backbone.num_layers=2"),
-        copy_run(),
+        copy_run(lambda run: (run / "checkpoints" / "step_000001" / "recipe.toml").unlink()),
         f"error: checkpoint {CKPT}: weights are from another model (no 'transformer_blocks.1.…",
         (CKPT, "transformer_blocks.1."),
         keep=KEEP_RUN_DATA,

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from flowrl import Plan, PlanError, Schedule, TimestepSelector, Unit
 from flowrl.loading import load_policy
-from flowrl.recipe import recipe_from_dict
+from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.trainer import Trainer, train
 from flowrl.trainer.errors import BestMetricError
 
@@ -73,6 +73,29 @@ def test_resume_continues_the_same_run(tmp_path: Path) -> None:
     wb = load_file(str(resumed / "checkpoints" / "step_000003" / "weights.safetensors"))
     # exact: a resumed run replays the same batches, draws and optimiser state through the same arithmetic
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_resume_applies_trainer_changes_and_records_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    part = train(recipe_from_dict(tiny_recipe(max_steps=2)), tmp_path / "run", quiet=True)
+    before = (part / "recipe.toml").read_text()
+    changed = tiny_recipe(max_steps=3)
+    changed["optim"]["lr"] = 2e-4
+    train(recipe_from_dict(changed), part, resume=part, quiet=True)
+    assert [r["step"] for r in metrics(part)] == [1, 2, 3] and metrics(part)[-1]["lr"] == 2e-4
+    assert (part / "recipe.step_000002.toml").read_text() == before  # what ran up to step 2
+    assert "max_steps = 3" in (part / "recipe.toml").read_text()  # what runs from there
+    err = capsys.readouterr().err
+    assert "resumed at step 2 with changed settings: optim.lr 0.0001 -> 0.0002, trainer.max_steps 2 -> 3" in err
+
+
+def test_resume_refuses_a_changed_method_before_anything_changes(tmp_path: Path) -> None:
+    part = train(recipe_from_dict(tiny_recipe(max_steps=2)), tmp_path / "run", quiet=True)
+    files = {p: p.read_bytes() for p in part.rglob("*") if p.is_file()}
+    changed = tiny_recipe(max_steps=3)
+    changed["sampler"]["group_size"] = 8
+    with pytest.raises(RecipeError, match=r"\[sampler.group_size\] is 8 but the run being resumed used 4"):
+        Trainer(recipe_from_dict(changed), part, resume=part, quiet=True)
+    assert {p: p.read_bytes() for p in part.rglob("*") if p.is_file()} == files
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTraine
 from flowrl.trainer.health import HealthAlerts, rollout_health
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import add_lora
+from flowrl.trainer.resume import apply_optim_settings, check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
 from flowrl.trainer.support import (
@@ -58,6 +59,8 @@ class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> None:
         from accelerate import Accelerator
 
+        checkpoint = find_checkpoint(resume) if resume is not None else None
+        changes = check_resume(checkpoint, recipe) if checkpoint is not None else []  # before anything loads
         self.recipe = recipe
         self.cfg = recipe.trainer
         self.run_dir = Path(run_dir)
@@ -99,8 +102,8 @@ class Trainer:
         # both pass them; nothing in the folder is rewritten until every check has passed.
         self._lock = lock_run_folder(self.run_dir) if self.accelerator.is_main_process else None
         try:
-            if resume is not None:
-                self._resume(find_checkpoint(resume))
+            if checkpoint is not None:
+                self._resume(checkpoint)
             elif (self.run_dir / "metrics.jsonl").exists():
                 raise RunFolderError(
                     f"run folder {self.run_dir} already holds a run (metrics.jsonl); continue it with --resume "
@@ -111,6 +114,8 @@ class Trainer:
             self.release()
             raise
         if self.accelerator.is_main_process:
+            if changes and checkpoint is not None:
+                tqdm.write(record_resume(self.run_dir, checkpoint, self.step, changes), file=sys.stderr)
             (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -469,6 +474,8 @@ class Trainer:
         load_weights_into(self.backbone.transformer, weights, folder)
         self.optimizer.load_state_dict(extra["optimizer"])
         self.lr_schedule.load_state_dict(extra["lr_schedule"])
+        o = self.recipe.optim
+        apply_optim_settings(self.optimizer, self.lr_schedule, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
         if self.ema is not None and extra.get("ema") is not None:
             self.ema.load_state_dict(extra["ema"])
         set_rng_state(extra["rng"], {})

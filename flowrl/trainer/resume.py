@@ -1,0 +1,78 @@
+"""What a resumed run may change, and how the run folder records it.
+
+A resumed run continues the same optimizer state, random streams and sampled prompts, so it must keep its
+method, model, rewards and seed: a change there would make the folder describe one run while another ran.
+Only the ``[trainer]`` and ``[optim]`` tables (how long, how often, the learning rate, ...) and the name may
+change on resume. The run folder then keeps the settings that ran before the resume in
+``recipe.step_<N>.toml`` (N: the step resumed from) and the new ones in ``recipe.toml``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flowrl.recipe import Recipe, RecipeError, recipe_from_dict
+
+RESUMABLE = ("name", "trainer.", "optim.")  # keys (or key prefixes) a resume may change
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values (a ``[[reward]]`` list compares whole)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def recipe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, value before, value after)`` for every resolved key that differs (``None``: absent)."""
+    a, b = flatten(before), flatten(after)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_resume(checkpoint: Path, recipe: Recipe) -> list[tuple[str, Any, Any]]:
+    """The changes ``recipe`` makes to the recipe that wrote ``checkpoint``: a :class:`RecipeError` naming
+    each key outside :data:`RESUMABLE`, else the list (empty when nothing changed)."""
+    saved = Path(checkpoint) / "recipe.toml"
+    if not saved.is_file():
+        return []  # a checkpoint from before recipes were saved with it: nothing to compare
+    before = recipe_from_dict(tomllib.loads(saved.read_text(encoding="utf-8")), source=str(saved)).to_dict()
+    changes = recipe_changes(before, recipe.to_dict())
+    refused = [(k, old, new) for k, old, new in changes if not k.startswith(RESUMABLE)]
+    if refused:
+        raise RecipeError(
+            recipe.source,
+            [
+                (key, f"is {new!r} but the run being resumed used {old!r} ({saved}); a resumed run keeps its method,"
+                 " model, rewards and seed: resume with the run's recipe.toml, or start a new run")
+                for key, old, new in refused
+            ],
+        )
+    return changes
+
+
+def record_resume(run_dir: Path, checkpoint: Path, step: int, changes: list[tuple[str, Any, Any]]) -> str:
+    """Keep the settings that ran up to ``step`` as ``recipe.step_<step>.toml`` (the caller then writes the new
+    ``recipe.toml``); returns the one-line note to print."""
+    kept = run_dir / f"recipe.step_{step:06d}.toml"
+    kept.write_bytes((Path(checkpoint) / "recipe.toml").read_bytes())
+    listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
+    return f"resumed at step {step} with changed settings: {listed} (the settings before: {kept})"
+
+
+def apply_optim_settings(optimizer: Any, schedule: Any, lr: float, betas: tuple[float, float], eps: float,
+                         weight_decay: float) -> None:
+    """After loading a checkpoint's optimizer and LR-schedule states (which carry the settings they were made
+    with), put the recipe's ``[optim]`` settings in force: a changed learning rate or Adam setting applies from
+    the first resumed step. Unchanged settings give the same values, bit for bit."""
+    schedule.base_lrs = [lr for _ in optimizer.param_groups]
+    rates = [lr * factor(schedule.last_epoch) for factor in schedule.lr_lambdas]
+    for group, rate in zip(optimizer.param_groups, rates, strict=True):
+        group.update(lr=rate, betas=betas, eps=eps, weight_decay=weight_decay)
+    schedule._last_lr = rates  # what get_last_lr() reports (torch has no public setter)
