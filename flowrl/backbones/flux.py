@@ -26,6 +26,7 @@ import torch
 from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
+from flowrl.backbones.vocabulary import UnknownWords
 from flowrl.interfaces import Backbone
 from flowrl.registry import register
 from flowrl.types import Conditioning
@@ -87,6 +88,7 @@ class FluxAdapter(Backbone):
         self.forward_s = 0.0  # wall time inside the transformer's forward
         self._cache: dict[str, tuple[Tensor, Tensor]] = {}
         self._text_ids: Tensor | None = None
+        self._unknown = UnknownWords(getattr(self.pipe, "tokenizer_2", None))  # T5's: the one FLUX attends to
         h = self.latent_grid()
         self._img_ids = self.pipe._prepare_latent_image_ids(1, h, h, self.device, torch.float32)
 
@@ -129,6 +131,7 @@ class FluxAdapter(Backbone):
     def encode(self, prompts: list[str]) -> Conditioning:
         missing = sorted({p for p in prompts if p not in self._cache})
         if missing:
+            self._unknown.check(missing)
             with torch.no_grad():
                 embeds, pooled, text_ids = self.pipe.encode_prompt(
                     prompt=missing,

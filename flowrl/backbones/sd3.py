@@ -20,6 +20,7 @@ from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
 from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
+from flowrl.backbones.vocabulary import UnknownWords
 from flowrl.interfaces import Backbone
 from flowrl.registry import register
 from flowrl.types import Conditioning
@@ -44,6 +45,7 @@ class SD3Adapter(Backbone):
         self.nfe = 0
         self.forward_s = 0.0
         self._cache: dict[str, tuple[Tensor, Tensor]] = {}
+        self._unknown = UnknownWords(getattr(self.pipe, "tokenizer_3", None))  # T5's
         self._uncond: tuple[Tensor, Tensor] | None = None
         factor = self.pipe.vae_scale_factor * self.pipe.transformer.config.patch_size
         if config.resolution % factor:
@@ -102,6 +104,7 @@ class SD3Adapter(Backbone):
 
     def encode(self, prompts: list[str]) -> Conditioning:
         missing = sorted({p for p in prompts if p not in self._cache})
+        self._unknown.check(missing)
         if missing:
             embeds, pooled = self._encode(missing)
             for i, prompt in enumerate(missing):

@@ -1,0 +1,51 @@
+"""Say once which prompt words a model's tokenizer cannot represent.
+
+A word-level tokenizer (the embedded world's and the tiny models') maps every word outside its vocabulary to
+``<unk>``: "a crimson circle" becomes "a <unk> circle" and the model is conditioned on nothing where the
+user wrote a colour. Sub-word tokenizers (CLIP's BPE, T5's) rarely produce an unknown token. The backbones
+call :meth:`UnknownWords.check` on each prompt the first time they encode it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+
+class UnknownWords:
+    """Reports each word a tokenizer maps to its unknown token, once per backbone, on stderr."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.unk = getattr(tokenizer, "unk_token_id", None)
+        self.reported: set[str] = set()
+
+    def unknown(self, prompt: str) -> list[str]:
+        """The words of ``prompt`` that become the unknown token (in order, without repeats)."""
+        if self.tokenizer is None or self.unk is None:
+            return []
+        if self.unk not in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]:
+            return []
+        words: list[str] = []
+        for word in prompt.split():
+            ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
+            if self.unk in ids and word not in words:
+                words.append(word)
+        return words
+
+    def check(self, prompts: Iterable[str]) -> list[str]:
+        """Print one line for the words not reported before; returns them."""
+        new: list[str] = []
+        example = ""
+        for prompt in prompts:
+            found = [w for w in self.unknown(prompt) if w not in self.reported and w not in new]
+            if found and not example:
+                example = prompt
+            new += found
+        if new:
+            self.reported.update(new)
+            listed = ", ".join(repr(w) for w in new)
+            print(f"warning: prompt words outside the model's vocabulary are read as <unk>: {listed} "
+                  f"(first in {example!r})", file=sys.stderr)
+        return new
