@@ -130,6 +130,16 @@ def test_pairwise_tests_and_reach_ratios(runs: dict[str, dict[int, Path]]) -> No
     assert to_ref["undefined"] == 0
     never = ratios["ref"]["slow"]  # slow never reaches 0.6 or more
     assert never["ratio"] is None and never["low"] is None and never["undefined"] == 1
+    assert never["why"] == "not reached" and to_ref["why"] == ""
+    # Every run starts at 0.2; +0.02 is reached by ref's mean curve (0.2 -> 0.5 over 100 NFE) at 6.67 NFE,
+    # by fast's (0.2 -> 0.5 over 50) at 3.33; +0.08 by slow's (0.2 -> 0.3 over 100) at 80.
+    levels = results["reach_levels"]
+    assert levels["start"] == pytest.approx(0.2)
+    by_gain = {m: {round(r["gain"], 2): r for r in rows} for m, rows in levels["methods"].items()}
+    assert by_gain["ref"][0.02]["nfe"] == pytest.approx(20 / 3)
+    assert by_gain["fast"][0.02]["nfe"] == pytest.approx(10 / 3)
+    assert by_gain["slow"][0.08]["nfe"] == pytest.approx(80)
+    assert by_gain["slow"][0.08]["low"] == pytest.approx(80) == by_gain["slow"][0.08]["high"]  # identical seeds
 
 
 def test_reference_and_metric_choice(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:

@@ -8,6 +8,8 @@
   final mean). Below 1: M gets there with fewer rollout evaluations. The interval is a percentile bootstrap
   that resamples each method's seeds; resamples where a level is never reached, or where R starts at or
   above its own final mean (needs 0 NFE, so no ratio), are counted as ``undefined``.
+- :func:`reach_levels`: the NFE each method needs to rise a fixed amount above the common starting score,
+  with a seed-bootstrap interval: the form that stays defined when a method does not improve.
 """
 
 from __future__ import annotations
@@ -42,13 +44,21 @@ def pairwise(methods: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _ratio(curves_m: Sequence[Mapping[str, Any]], curves_r: Sequence[Mapping[str, Any]]) -> float | None:
-    """NFE for M's mean curve to reach R's final mean / NFE for R's own mean curve to reach it."""
+def _reach(curves: Sequence[Mapping[str, Any]], level: float) -> float | None:
+    """NFE at which the mean curve of ``curves`` first reaches ``level`` (``None``: never)."""
     from flowrl.bench.report import mean_curve, x_to_reach
 
-    target = statistics.fmean(c["score"][-1] for c in curves_r)
-    own = x_to_reach(mean_curve([(c["nfe"], c["score"]) for c in curves_r]), target)
-    reach = x_to_reach(mean_curve([(c["nfe"], c["score"]) for c in curves_m]), target)
+    return x_to_reach(mean_curve([(c["nfe"], c["score"]) for c in curves]), level)
+
+
+def _own(curves_r: Sequence[Mapping[str, Any]]) -> float | None:
+    return _reach(curves_r, statistics.fmean(c["score"][-1] for c in curves_r))
+
+
+def _ratio(curves_m: Sequence[Mapping[str, Any]], curves_r: Sequence[Mapping[str, Any]]) -> float | None:
+    """NFE for M's mean curve to reach R's final mean / NFE for R's own mean curve to reach it."""
+    own = _own(curves_r)
+    reach = _reach(curves_m, statistics.fmean(c["score"][-1] for c in curves_r))
     if own is None or own <= 0 or reach is None:
         return None
     return reach / own
@@ -56,10 +66,33 @@ def _ratio(curves_m: Sequence[Mapping[str, Any]], curves_r: Sequence[Mapping[str
 
 def reach_ratios(methods: Mapping[str, Mapping[str, Any]], resamples: int = 2000,
                  seed: int = 0) -> dict[str, dict[str, Any]]:
-    """``{R: {M: {"ratio", "low", "high", "undefined"}}}`` for every ordered pair M != R (see the module doc)."""
+    """``{R: {M: {"ratio", "low", "high", "undefined", "why"}}}`` for every ordered pair M != R (see the
+    module doc); ``why`` says why a ratio is missing: ``"not reached"``, or ``"no gain"`` when R's own mean
+    curve is at its final level from the start (R did not improve, so "R's NFE" is 0)."""
     curves = {name: [s["curve"] for s in m["seeds"].values()] for name, m in methods.items()}
     out: dict[str, dict[str, Any]] = {}
     for r, m in itertools.permutations(methods, 2):
         interval = bootstrap({"m": curves[m], "r": curves[r]}, lambda d: _ratio(d["m"], d["r"]), resamples, seed)
-        out.setdefault(r, {})[m] = {"ratio": _ratio(curves[m], curves[r]), **interval}
+        ratio = _ratio(curves[m], curves[r])
+        own = _own(curves[r])
+        why = "" if ratio is not None else ("no gain" if own is not None and own <= 0 else "not reached")
+        out.setdefault(r, {})[m] = {"ratio": ratio, "why": why, **interval}
     return out
+
+
+def reach_levels(methods: Mapping[str, Mapping[str, Any]], gains: Sequence[float] = (0.02, 0.04, 0.06, 0.08),
+                 resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """NFE each method's mean curve needs to rise ``gain`` above the common start (the mean first evaluation
+    of every run: all methods start from one base model), with a seed-bootstrap interval:
+    ``{"start", "levels", "methods": {M: [{"gain", "level", "nfe", "low", "high", "undefined"}]}}``."""
+    curves = {name: [s["curve"] for s in m["seeds"].values()] for name, m in methods.items()}
+    start = statistics.fmean(c["score"][0] for cs in curves.values() for c in cs)
+    table: dict[str, list[dict[str, Any]]] = {}
+    for name, cs in curves.items():
+        rows = []
+        for gain in gains:
+            level = start + gain
+            interval = bootstrap({"m": cs}, lambda d, lv=level: _reach(d["m"], lv), resamples, seed)
+            rows.append({"gain": gain, "level": level, "nfe": _reach(cs, level), **interval})
+        table[name] = rows
+    return {"start": start, "levels": [start + g for g in gains], "methods": table}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.bench import BenchError
-from flowrl.bench.compare import SIGNIFICANCE, pairwise, reach_ratios
+from flowrl.bench.compare import SIGNIFICANCE, pairwise, reach_levels, reach_ratios
 from flowrl.bench.stats import standard_error
 
 DEFAULT_METRIC = "eval/score"
@@ -250,6 +250,7 @@ def build_results(
         "methods": methods,
         "pairwise": pairwise(methods),
         "reach_ratios": reach_ratios(methods),
+        "reach_levels": reach_levels(methods),
     }
 
 
@@ -351,8 +352,30 @@ def _ratio_table(results: Mapping[str, Any]) -> list[str]:
                 continue
             ci = f" [{_fmt(cell['low'], '.2f')}, {_fmt(cell['high'], '.2f')}]" if cell["low"] is not None else ""
             undef = f" undef {cell['undefined']:.0%}" if cell["undefined"] else ""
-            cells.append(f"{_fmt(cell['ratio'], '.2f', 'not reached')}{ci}{undef}")
+            cells.append(f"{_fmt(cell['ratio'], '.2f', cell.get('why') or 'not reached')}{ci}{undef}")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    note = "\"no gain\": R's mean curve starts at or above its final level, so R needed 0 NFE: no ratio exists."
+    lines += ["", note, ""]
+    return [*lines, *_levels_table(results)]
+
+
+def _levels_table(results: Mapping[str, Any]) -> list[str]:
+    levels = results.get("reach_levels")
+    if not levels:
+        return []
+    gains = [row["gain"] for row in next(iter(levels["methods"].values()))]
+    lines = [
+        f"## NFE to rise above the common start ({_fmt(levels['start'], '.4f')})", "",
+        "Rollout NFE at which each method's mean curve first reaches the start plus a gain [95% seed bootstrap].", "",
+        "| method | " + " | ".join(f"+{g:g}" for g in gains) + " |", "| --- |" + " ---: |" * len(gains),
+    ]
+    for name, rows in levels["methods"].items():
+        cells = []
+        for row in rows:
+            ci = f" [{_fmt(row['low'], '.0f')}, {_fmt(row['high'], '.0f')}]" if row["low"] is not None else ""
+            undef = f" undef {row['undefined']:.0%}" if row["undefined"] else ""
+            cells.append(f"{_fmt(row['nfe'], '.0f', 'not reached')}{ci}{undef}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
