@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -69,7 +70,13 @@ class Registry:
             return cls
         close = difflib.get_close_matches(name, list(self._classes), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
+        if "." in name and not close:  # "pkg.module.Class": a class in a module is named with a colon
+            module, _, attr = name.rpartition(".")
+            hint = f"; a class in a module is named 'module:Class', did you mean '{module}:{attr}'?"
         raise RegistryError(f"unknown {self.kind} type '{name}'{hint} (flowrl ls {self.kind})")
+
+
+CLASS_HOOKS = ("check_config", "check_steps")  # hooks the recipe loader calls on a part's class
 
 
 def check_component(cls: type, interface: type, kind: str) -> None:
@@ -82,6 +89,13 @@ def check_component(cls: type, interface: type, kind: str) -> None:
     missing = sorted(getattr(cls, "__abstractmethods__", ()))
     if missing:
         raise RegistryError(f"{cls.__name__} does not implement {', '.join(missing)} of {interface.__name__}")
+    for hook in CLASS_HOOKS:  # called on the class with the config, before any instance exists
+        found = inspect.getattr_static(cls, hook, None)
+        if found is not None and not isinstance(found, staticmethod | classmethod):
+            raise RegistryError(
+                f"{cls.__name__}.{hook} must be a @staticmethod (it is called as {hook}(config, ...) on the class,"
+                " before any instance exists)"
+            )
 
 
 def _import_dotted(path: str) -> type:

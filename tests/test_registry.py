@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flowrl
-from flowrl.registry import Registry, RegistryError
+from flowrl.registry import Registry, RegistryError, registry
 from flowrl.types import Plan, Schedule, Unit
 
 
@@ -87,3 +87,23 @@ def test_interface_is_checked() -> None:
 def test_unknown_kind() -> None:
     with pytest.raises(RegistryError, match="unknown kind"):
         flowrl.available("selectors")
+
+
+def test_class_hooks_must_be_static_and_dots_get_a_colon_hint() -> None:
+    reg = Registry("selector", flowrl.TimestepSelector)
+
+    class OrdinaryHook(flowrl.TimestepSelector):
+        @attrs.frozen
+        class Config:
+            pass
+
+        def plan(self, schedule: Schedule, iteration: int, generator: torch.Generator) -> Plan:
+            raise NotImplementedError
+
+        def check_steps(self, config: object, num_steps: int) -> list[tuple[str, str]]:
+            return []
+
+    with pytest.raises(RegistryError, match=r"OrdinaryHook.check_steps must be a @staticmethod"):
+        reg.register("ordinary")(OrdinaryHook)
+    with pytest.raises(RegistryError, match=r"did you mean 'mysel:LastK'\?"):
+        registry("selector").get("mysel.LastK")

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import statistics
 from collections.abc import Mapping, Sequence
@@ -80,6 +81,10 @@ def reach_ratios(methods: Mapping[str, Mapping[str, Any]], resamples: int = 2000
     return out
 
 
+def _reach_drawn(drawn: Mapping[str, Sequence[Mapping[str, Any]]], level: float) -> float | None:
+    return _reach(drawn["m"], level)
+
+
 def reach_levels(methods: Mapping[str, Mapping[str, Any]], gains: Sequence[float] = (0.02, 0.04, 0.06, 0.08),
                  resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """NFE each method's mean curve needs to rise ``gain`` above the common start (the mean first evaluation
@@ -92,7 +97,7 @@ def reach_levels(methods: Mapping[str, Mapping[str, Any]], gains: Sequence[float
         rows = []
         for gain in gains:
             level = start + gain
-            interval = bootstrap({"m": cs}, lambda d, lv=level: _reach(d["m"], lv), resamples, seed)
+            interval = bootstrap({"m": cs}, functools.partial(_reach_drawn, level=level), resamples, seed)
             rows.append({"gain": gain, "level": level, "nfe": _reach(cs, level), **interval})
         table[name] = rows
     return {"start": start, "levels": [start + g for g in gains], "methods": table}
