@@ -223,6 +223,16 @@ CASES = [
         "[backbone.resolution] resolution 15 must be divisible by 4",
         "[backbone.resolution]",
     ),
+    Case(
+        "rollout-too-large",
+        "`[sampler] group_size = 1000000000`: a batch that cannot fit in memory (refused before the first rollout)",
+        ("train", "tiny.toml", "--output-dir", "run"),
+        recipe(edit=lambda d: d["sampler"].update(group_size=1_000_000_000)),
+        "recipe error: 1 problem in tiny.toml\n  [trainer.prompts_per_step] 2 prompts x 1000000000 rollouts"
+        " (sampler.group_size) need at least …",
+        ("tiny.toml", "trainer.prompts_per_step"),
+        absent=("run/metrics.jsonl",),
+    ),
     recipe_case(
         "missing-table",
         "no `[kernel]` table",

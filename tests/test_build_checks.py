@@ -14,6 +14,7 @@ from flowrl.backbones.tiny_flux import TinyFlux
 from flowrl.backbones.tiny_sd3 import TinySD3
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.trainer import Trainer
+from flowrl.trainer.memory import rollout_bytes
 
 Edit = Callable[[dict], object]
 
@@ -57,3 +58,11 @@ def test_lora_targets_that_the_model_lacks_are_a_recipe_error_before_training(tm
     with pytest.raises(RecipeError, match=r"\[lora\] cannot attach the adapters: .*no_such_module"):
         Trainer(recipe, tmp_path / "run", quiet=True)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_rollout_batch_that_cannot_fit_is_refused_before_the_first_rollout(tmp_path: Path) -> None:
+    data = edited(lambda d: d["sampler"].update(group_size=1_000_000_000))
+    with pytest.raises(RecipeError, match=r"\[trainer.prompts_per_step\] 2 prompts x 1000000000 rollouts .* GiB free"):
+        Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert rollout_bytes(2, 4, (16, 12), 256) == 4 * 2 * (5 * 192 + 3 * 256)  # the bound's arithmetic

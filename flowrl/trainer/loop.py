@@ -38,6 +38,7 @@ from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTraine
 from flowrl.trainer.health import HealthAlerts, rollout_health
 from flowrl.trainer.logger import RunLogger, save_grid_png
 from flowrl.trainer.lora import add_lora
+from flowrl.trainer.memory import check_rollout_fits
 from flowrl.trainer.resume import apply_optim_settings, check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
@@ -85,6 +86,9 @@ class Trainer:
         sampler_cfg = self.sampler.config
         sigmas = self.backbone.schedule_sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
         self.schedule = Schedule(sigmas=sigmas, kernel=kernel)
+        pixels = int(getattr(self.backbone.config, "resolution", 0)) ** 2
+        check_rollout_fits(recipe.source, self.cfg.prompts_per_step, self.sampler.rollouts_per_prompt(),
+                           sampler_cfg.num_steps, self.backbone.latent_shape, pixels, self.accelerator.device)
         eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, sampler_cfg.shift)
         self.eval_schedule = Schedule(sigmas=eval_sigmas, kernel=kernel)  # ODE only: the kernel is unused
         self._setup_model()
