@@ -221,26 +221,25 @@ class AdvantageEstimator(Component, ABC):
         """Advantages for every rollout."""
 
 
-class PolicyLoss(Component, ABC):
-    """The objective on recorded transitions (``objective = "transitions"``, PPO-style likelihood ratios)."""
+class Loss(Component, ABC):
+    """The training objective: a :class:`PolicyLoss` (on recorded transitions) or a
+    :class:`ForwardProcessLoss` (on re-noised final latents); the trainer picks the update by which it is."""
 
-    needs_reference: bool = False
-    objective: str = "transitions"
+    needs_reference: bool = False  # the loss reads the initial policy (a KL term): the trainer keeps one
+
+
+class PolicyLoss(Loss):
+    """The objective on recorded transitions (PPO-style likelihood ratios of the sampler's SDE steps)."""
 
     @abstractmethod
     def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
         """The scalar loss and statistics to log (``clip_frac`` at least)."""
 
 
-class ForwardProcessLoss(PolicyLoss):
+class ForwardProcessLoss(Loss):
     """An objective on the forward (noising) process of the rollouts' final latents: no log-densities, so any
     sampler works (DiffusionNFT). The trainer re-noises each rollout's ``x0`` at ``sample_times`` and calls
     :meth:`forward_process`."""
-
-    objective = "forward_process"
-
-    def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
-        raise TypeError(f"{type(self).__name__} is a forward-process loss; the trainer calls forward_process()")
 
     def sample_times(self, n: int, generator: torch.Generator) -> Tensor:
         """Noise levels ``t`` in (0, 1) at which rollouts are re-noised; uniform by default."""

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from flowrl.config import ConfigError, structure, unstructure
+from flowrl.interfaces import ForwardProcessLoss
 from flowrl.registry import RegistryError, registry
 from flowrl.settings import LoraConfig, OptimConfig, TrainerConfig
 
@@ -172,7 +173,7 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
     if steps is not None and hasattr(selector.cls, "check_steps"):
         yield from (("selector." + k, msg) for k, msg in selector.cls.check_steps(selector.config, steps))
     if (
-        getattr(recipe.parts["loss"].cls, "objective", "transitions") == "forward_process"
+        issubclass(recipe.parts["loss"].cls, ForwardProcessLoss)
         and recipe.trainer.inner_epochs > 1
     ):
         yield (

@@ -185,7 +185,7 @@ def _init_registries() -> None:
         ("sampler", i.RolloutSampler),
         ("advantage", i.AdvantageEstimator),
         ("reward", i.RewardModel),
-        ("loss", i.PolicyLoss),
+        ("loss", i.Loss),
         ("kernel", i.TransitionKernel),
         ("backbone", i.Backbone),
         ("prompts", i.PromptSource),

@@ -35,7 +35,7 @@ INTERFACES = {
     "sampler": "RolloutSampler",
     "advantage": "AdvantageEstimator",
     "reward": "RewardModel",
-    "loss": "PolicyLoss",
+    "loss": "Loss",
     "kernel": "TransitionKernel",
     "backbone": "Backbone",
     "prompts": "PromptSource",

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
-from flowrl.interfaces import Backbone
+from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss
 from flowrl.recipe import Recipe, RecipeError
 from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
@@ -342,7 +342,7 @@ class Trainer:
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
         """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped."""
         result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
-        if self.loss_fn.objective == "transitions" and len(rollout.transitions) == 0:
+        if isinstance(self.loss_fn, PolicyLoss) and len(rollout.transitions) == 0:
             return result
         module = self.backbone.module
         module.train()
@@ -380,7 +380,7 @@ class Trainer:
 
     def micro_batches(self, rollout: Rollout, advantages: Advantages) -> Iterator[tuple[torch.Tensor, float, dict]]:
         """(loss, share, stats) per micro-batch: recorded transitions, or re-noised rollouts (forward process)."""
-        if self.loss_fn.objective == "forward_process":
+        if isinstance(self.loss_fn, ForwardProcessLoss):
             nft = generator(self.recipe.seed, self.step, "forward_process", self.accelerator.process_index)
             return forward_process_losses(
                 self.backbone, self.loss_fn, rollout, advantages.values, self.cfg.train_batch_size, nft, self.reference
