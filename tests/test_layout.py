@@ -40,3 +40,18 @@ def test_the_core_sets_no_attribute_its_types_do_not_declare() -> None:
     found = [f"{p.relative_to(ROOT)}:{n}" for p in sources for n, line in enumerate(p.read_text().splitlines(), 1)
              if "type: ignore[attr-defined]" in line]
     assert not found, found
+
+
+def test_validating_a_recipe_imports_no_model_library() -> None:
+    """`flowrl validate` checks every part's settings without diffusers, transformers or peft (seconds, not tens)."""
+    code = (
+        "import sys\n"
+        "from flowrl.cli.main import parser\n"
+        "from flowrl.recipe import load_recipe\n"
+        "parser()\n"
+        "for name in ('egrpo', 'aegpo', 'diffusion_nft', 'branch_grpo'):\n"
+        "    load_recipe(f'recipes/{name}.toml')\n"
+        "print(sorted(m for m in ('diffusers', 'transformers', 'peft', 'accelerate') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -17,39 +17,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-import attrs
 import torch
-from attrs.validators import ge, gt, in_
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
 from torch import Tensor, nn
 
+from flowrl.backbones.attention_options import AttentionEntropyOptions
+
 if TYPE_CHECKING:
     from flowrl.backbones.flux import FluxAdapter
     from flowrl.types import Conditioning
-
-
-def _layers(value: Any) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
-
-
-def _non_negative(_: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
-    if any(v < 0 for v in value):
-        raise ValueError(f"'{attribute.name}' indices must be >= 0, got {list(value)}")
-
-
-@attrs.frozen
-class AttentionEntropyOptions:
-    """What the probe measures; usable as a recipe sub-table (``[selector.attention]``)."""
-
-    keys: Literal["all", "text"] = attrs.field(default="all", validator=in_(("all", "text")))  # text: renormalised
-    normalise: bool = False  # divide by log(key count): values in [0, 1]
-    layers: tuple[int, ...] = attrs.field(default=(), converter=_layers, validator=_non_negative)  # () = all
-    query_stride: int = attrs.field(default=1, validator=ge(1))  # every k-th image query row
-    chunk_size: int = attrs.field(default=1024, validator=gt(0))  # query rows per explicit-softmax chunk
 
 
 def softmax_entropy(query: Tensor, key: Tensor, chunk_size: int, normalise: bool) -> Tensor:

@@ -33,7 +33,7 @@ class TinyFlux(FluxAdapter):
 
     @staticmethod
     def spec(c: Any) -> Any:
-        from flowrl.backbones.tiny import TinyFluxSpec
+        from flowrl.backbones.tiny_spec import TinyFluxSpec
 
         return TinyFluxSpec(
             image_size=c.resolution,

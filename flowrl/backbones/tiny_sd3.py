@@ -25,8 +25,6 @@ from attrs.validators import ge, gt, in_
 
 from flowrl.backbones.checks import spec_problems
 from flowrl.backbones.sd3 import DTYPES, GRIDS, SD3Adapter
-from flowrl.backbones.tiny import tiny_clip_config, tiny_t5, tiny_vae
-from flowrl.backbones.tokenizer import DEFAULT_WORDS, build_word_tokenizer
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "text_encoder_3": 3, "vae": 4}
@@ -74,6 +72,8 @@ class TinySD3Spec:
 def _clip(width: int, spec: TinySD3Spec, vocab_size: int) -> Any:
     from transformers import CLIPTextModelWithProjection
 
+    from flowrl.backbones.tiny import tiny_clip_config
+
     return CLIPTextModelWithProjection(tiny_clip_config(spec, width, vocab_size))
 
 
@@ -105,6 +105,9 @@ def tiny_sd3_pipeline(spec: TinySD3Spec, words: Sequence[str] | None = None, see
     (the pipeline's CLIP length); call it with ``max_sequence_length <= spec.max_length``.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+    from flowrl.backbones.tiny import tiny_t5, tiny_vae
+    from flowrl.backbones.tokenizer import DEFAULT_WORDS, build_word_tokenizer
 
     words = DEFAULT_WORDS if words is None else words
     tokenizers = [build_word_tokenizer(words, spec.max_length) for _ in range(3)]

@@ -6,8 +6,26 @@ builds the pixel-space tiny FLUX, :mod:`~flowrl.pretrain.data` renders its image
 its public functions; the RL trainer never imports it.
 """
 
-from flowrl.pretrain.recipe import PretrainRecipe, PretrainRecipeError, load_pretrain_recipe
-from flowrl.pretrain.trainer import Pretrainer, PretrainResult, pretrain
+from typing import Any
+
+_EXPORTS = {
+    "PretrainRecipe": "recipe",
+    "PretrainRecipeError": "recipe",
+    "load_pretrain_recipe": "recipe",
+    "Pretrainer": "trainer",
+    "PretrainResult": "trainer",
+    "pretrain": "trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the submodules on first use: ``flowrl --help`` and the CLI's parser stay free of torch/diffusers."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'flowrl.pretrain' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"flowrl.pretrain.{_EXPORTS[name]}"), name)
+
 
 __all__ = [
     "PretrainRecipe",

@@ -25,7 +25,7 @@ import attrs
 import torch
 from attrs.validators import ge, gt, in_, le, lt
 
-from flowrl.backbones.tiny import TinyFluxSpec
+from flowrl.backbones.tiny_spec import TinyFluxSpec
 from flowrl.config import ConfigError, structure
 from flowrl.recipe import RecipeError, apply_override
 from flowrl.world.render import Lattice

@@ -9,7 +9,7 @@ import attrs
 from attrs.validators import ge, gt, in_, optional
 
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, build, register, registry
-from flowrl.backbones.flux_attention import AttentionEntropyOptions
+from flowrl.backbones.attention_options import AttentionEntropyOptions
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.registry import RegistryError
 from flowrl.rng import RolloutRNG

@@ -9,7 +9,7 @@ import torch
 from attrs.validators import ge, in_
 
 from flowrl import Backbone, Plan, Schedule, TimestepSelector, Unit, register
-from flowrl.backbones.flux_attention import AttentionEntropyOptions
+from flowrl.backbones.attention_options import AttentionEntropyOptions
 from flowrl.entropy import jump_std, merged_entropy
 from flowrl_zoo.aegpo.probe import entropy_curves
 
