@@ -77,11 +77,14 @@ class Recipe:
     source: str = "<recipe>"
 
     def build(self, table: str) -> Any:
-        """The part of ``table``, built. A settings problem its constructor finds (a ValueError that
-        ``check_config`` did not foresee) becomes a :class:`RecipeError` naming the table."""
+        """The part of ``table``, built. A settings problem its constructor or library finds (a ValueError
+        that ``check_config`` did not foresee) becomes a :class:`RecipeError` naming the table; flowrl's own
+        error types pass unchanged."""
         try:
             return self.parts[table].build()
         except ValueError as error:
+            if type(error).__module__.startswith(("flowrl", "flowrl_zoo")):
+                raise  # flowrl's own errors (a missing prompt file, ...) already name the file and the key
             raise RecipeError(self.source, [(table, f"cannot be built with these settings: {error}")]) from error
 
     def to_dict(self) -> dict[str, Any]:
