@@ -38,11 +38,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_report_of_a_short_run_holds_every_part(run: Path) -> None:
-    assert sorted(p.name for p in (run / "samples").iterdir()) == [f"step_{s:06d}.png" for s in (0, 2, 4)]
+    grids = [f"step_{s:06d}.png" for s in (0, 2, 4)]
+    assert sorted(p.name for p in (run / "samples").iterdir()) == ["prompts.txt", *grids]
+    assert (run / "samples" / "prompts.txt").read_text() == "a dog\n"  # the held-out prompts of the grids
     assert main(["report", str(run)]) == 0
     page = (run / "report.html").read_text()
     for part in ("Alerts", "Curves", "Held-out samples over the run", "Resolved recipe", 'name = &quot;tiny&quot;',
-                 "training reward", "KL to the initial policy", "within-group diversity", "iteration 4"):
+                 "training reward", "KL to the initial policy", "within-group diversity", "iteration 4",
+                 "<li>a dog</li>"):
         assert part in page, part
     assert "http://" not in page and "https://" not in page  # self-contained: nothing to fetch
     assert page.count("<img ") == 11 + 3  # 11 curve panels with data (no strict categories here), 3 grids

@@ -43,6 +43,7 @@ h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1
 table { border-collapse: collapse; font-size: 13px; } td, th { padding: 3px 10px; border-bottom: 1px solid #eee; }
 th { text-align: left; } .panels img { width: 400px; margin: 4px; }
 .grid { margin: 6px 0; } .grid img { max-width: 100%; image-rendering: pixelated; display: block; }
+.prompts { font-size: 13px; columns: 2; }
 .alert { color: #a00; } .ok { color: #060; } pre { background: #f6f6f6; padding: 10px; font-size: 12px; }
 """
 
@@ -155,6 +156,10 @@ def render(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> str:
     if grids:
         parts.append("<p>The first 8 held-out prompts, deterministic ODE samples from the same noise at each "
                      "evaluation.</p>")
+        listed = run_dir / "samples" / "prompts.txt"
+        if listed.is_file():
+            names = [line for line in listed.read_text(encoding="utf-8").splitlines() if line]
+            parts.append("<ol class=\"prompts\">" + "".join(f"<li>{html.escape(n)}</li>" for n in names) + "</ol>")
         for step, path in grids:
             parts.append(f'<div class="grid">iteration {step}{_png(path.read_bytes(), f"samples at {step}")}</div>')
     else:

@@ -470,6 +470,7 @@ class Trainer:
         images = ode_images(self.backbone, prompts, self.eval_schedule, seed=0)
         file.parent.mkdir(parents=True, exist_ok=True)
         save_grid_png(images, rows=1, path=file)
+        (file.parent / "prompts.txt").write_text("".join(p + "\n" for p in prompts), encoding="utf-8")
 
     def _resume(self, folder: Path) -> None:
         weights, state, extra = load_checkpoint(folder)
