@@ -3,28 +3,27 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
+import attrs
 
-def spec_problems(build: Callable[[], Any], renames: Mapping[str, str], keys: Iterable[str]) -> list[tuple[str, str]]:
-    """Build a tiny backbone's spec (cheap, no model) and turn its refusal into ``(recipe key, message)``: the
-    spec's field names (``renames``: spec name -> recipe key) replaced by the recipe's, and the key the first
-    recipe key the message names, in reading order ("" if none)."""
+# The tiny specs' field names that the recipe names otherwise (spec name -> recipe key).
+SPEC_RENAMES = {"image_size": "resolution", "max_length": "max_sequence_length"}
+
+
+def spec_problems(spec: Callable[[Any], Any], config: Any) -> list[tuple[str, str]]:
+    """``check_config`` for a tiny backbone: build its spec from ``config`` (cheap, no model) and turn the
+    spec's refusal into ``(recipe key, message)``, with the spec's field names (:data:`SPEC_RENAMES`) replaced
+    by the recipe's, and the key the first of ``config``'s fields the message names, in reading order ("" if
+    none)."""
     try:
-        build()
+        spec(config)
     except ValueError as error:
         text = str(error)
-        for old, new in renames.items():
+        for old, new in SPEC_RENAMES.items():
             text = re.sub(rf"\b{old}\b", new, text)
-        found = [(m.start(), k) for k in keys if (m := re.search(rf"\b{k}\b", text))]
+        found = [(m.start(), k) for k in attrs.fields_dict(type(config)) if (m := re.search(rf"\b{k}\b", text))]
         key = min(found)[1] if found else ""
         return [(key, text)]
-    return []
-
-
-def multiple_of(resolution: int, factor: int, why: str) -> list[tuple[str, str]]:
-    """``resolution`` must be a multiple of ``factor`` (the pipeline would otherwise resize or refuse)."""
-    if resolution % factor:
-        return [("resolution", f"must be a multiple of {factor} ({why}), got {resolution}")]
     return []

@@ -49,8 +49,7 @@ class TinyFlux(FluxAdapter):
 
     @staticmethod
     def check_config(config: Config) -> list[tuple[str, str]]:
-        renames = {"image_size": "resolution", "max_length": "max_sequence_length"}
-        return spec_problems(lambda: TinyFlux.spec(config), renames, attrs.fields_dict(type(config)))
+        return spec_problems(TinyFlux.spec, config)
 
     def load_pipeline(self) -> Any:
         from flowrl.backbones.tiny import tiny_flux_pipeline

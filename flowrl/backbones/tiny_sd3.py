@@ -175,8 +175,7 @@ class TinySD3(SD3Adapter):
 
     @staticmethod
     def check_config(config: Config) -> list[tuple[str, str]]:
-        renames = {"image_size": "resolution", "max_length": "max_sequence_length"}
-        return spec_problems(lambda: TinySD3.spec(config), renames, attrs.fields_dict(type(config)))
+        return spec_problems(TinySD3.spec, config)
 
     def load_pipeline(self) -> Any:
         return tiny_sd3_pipeline(self.spec(self.config), seed=self.config.seed)

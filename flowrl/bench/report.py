@@ -63,7 +63,8 @@ def eval_points(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[s
     return points
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float if it is a finite int or float (not a bool), else ``None``."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
 
@@ -157,7 +158,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
 def seed_summary(run_dir: Path, rows: Sequence[Mapping[str, Any]], points: Sequence[Mapping[str, Any]],
                  metric: str) -> dict[str, Any]:
     """A seed's curve (nfe, wall_s, score at each evaluation) and its final and cost figures."""
-    scored = [p for p in points if _number(p.get(metric)) is not None]
+    scored = [p for p in points if finite_number(p.get(metric)) is not None]
     if not scored:
         raise BenchError(f"{run_dir}: every '{metric}' value is missing or non-finite")
     curve: dict[str, list[Any]] = {
@@ -170,7 +171,7 @@ def seed_summary(run_dir: Path, rows: Sequence[Mapping[str, Any]], points: Seque
     train = [r for r in rows if r["step"] > 0]
 
     def column(key: str) -> list[float]:
-        return [v for v in (_number(r.get(key)) for r in train) if v is not None]
+        return [v for v in (finite_number(r.get(key)) for r in train) if v is not None]
 
     iteration_s, outside, memory = column("time/iteration_s"), column("time/outside_share"), column("mem/peak_mb")
     return {
@@ -181,7 +182,7 @@ def seed_summary(run_dir: Path, rows: Sequence[Mapping[str, Any]], points: Seque
             "nfe": curve["nfe"][-1],
             "wall_s": curve["wall_s"][-1],
             "score": curve["score"][-1],
-            "eval": {k: v for k, v in last.items() if k.startswith("eval/") and _number(v) is not None},
+            "eval": {k: v for k, v in last.items() if k.startswith("eval/") and finite_number(v) is not None},
         },
         "steps": int(rows[-1]["step"]),
         "nfe_used": float(rows[-1].get("nfe", 0)),

@@ -6,9 +6,10 @@ Drawn with matplotlib's Agg canvas only (no pyplot state), returned as PNG bytes
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from flowrl.bench.report import finite_number
 
 # (panel title, metric keys or key prefixes ending in "/"): a panel is drawn when any of its keys is logged.
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -26,11 +27,6 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("training wall time (s)", ("wall_s",)),
 )
 _SKIP_SUFFIXES = ("_se",)  # standard errors are drawn as bands of their figure, not as lines
-
-
-def _number(value: Any) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def panel_keys(rows: Sequence[Mapping[str, Any]], wanted: Sequence[str]) -> list[str]:
@@ -54,7 +50,7 @@ def series(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list
     """(steps, values) of the rows where ``key`` is a finite number."""
     steps, values = [], []
     for row in rows:
-        value = _number(row.get(key))
+        value = finite_number(row.get(key))
         if value is not None:
             steps.append(int(row["step"]))
             values.append(value)

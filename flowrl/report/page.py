@@ -15,13 +15,12 @@ from __future__ import annotations
 import base64
 import html
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flowrl.report import ReportError
-from flowrl.report.curves import draw_panels
+from flowrl.report.curves import draw_panels, series
 from flowrl.trainer.runfolder import read_metrics
 
 MAX_GRIDS = 12  # sample grids shown, spread over the run (first and last always)
@@ -51,11 +50,6 @@ th { text-align: left; } .panels img { width: 400px; margin: 4px; }
 def _png(data: bytes, alt: str) -> str:
     encoded = base64.b64encode(data).decode("ascii")
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
-
-
-def _number(value: Any) -> float | None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def alert_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
@@ -99,7 +93,7 @@ def sample_grids(run_dir: Path) -> list[tuple[int, Path]]:
 def evaluation_key(rows: Sequence[Mapping[str, Any]]) -> str | None:
     """The headline evaluation figure: eval/strict where logged (the embedded world), else eval/score."""
     for key in ("eval/strict", "eval/score"):
-        if any(_number(r.get(key)) is not None for r in rows):
+        if series(rows, key)[0]:
             return key
     return None
 
@@ -113,7 +107,7 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     ]
     key = evaluation_key(rows)
     if key is not None:
-        points = [(int(r["step"]), float(r[key])) for r in rows if _number(r.get(key)) is not None]
+        points = list(zip(*series(rows, key), strict=True))
         best = max(points, key=lambda p: p[1])
         out += [
             (f"{key}: first", f"{points[0][1]:.4f} (iteration {points[0][0]})"),
