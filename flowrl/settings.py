@@ -68,6 +68,9 @@ class TrainerConfig:
     eval_steps: int = attrs.field(default=16, validator=positive)  # ODE steps of evaluation samples (any method)
     max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
     gradient_checkpointing: bool = False
+    # "fsdp": shard the transformer's parameters, gradients and optimizer state over the processes (torch FSDP2,
+    # one unit per transformer block; docs/distributed.md); "none": every process holds the whole model (DDP)
+    sharding: Literal["none", "fsdp"] = attrs.field(default="none", validator=in_(("none", "fsdp")))
     torch_threads: int = attrs.field(default=0, validator=ge(0))  # CPU threads for torch; 0 keeps torch's default
     # CUDA attention kernels (torch SDPA backends). "no-cudnn" (default): cuDNN's fused attention is off, because
     # its backward failed on FLUX joint attention with torch 2.11 + CUDA 13 on an H200 (illegal memory access,

@@ -27,15 +27,21 @@ def has_lora(transformer: nn.Module) -> bool:
 
 
 def lora_state_dict(transformer: nn.Module, adapter: str = ADAPTER) -> dict[str, Any]:
-    """The adapter's LoRA tensors under diffusers-style module keys (``...to_q.lora_A.weight``), on CPU."""
+    """The adapter's LoRA tensors under diffusers-style module keys (``...to_q.lora_A.weight``), on CPU.
+
+    Sharded (FSDP2) parameters are gathered to full tensors: every process must then call this."""
     from peft.utils import get_peft_model_state_dict
 
     state = get_peft_model_state_dict(transformer, adapter_name=adapter)
-    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    whole = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in state.items()}
+    return {k: v.detach().contiguous().cpu() for k, v in whole.items()}
 
 
-def export_lora(backbone: Any, folder: str | Path, adapter: str = ADAPTER) -> Path | None:
+def export_lora(
+    backbone: Any, folder: str | Path, adapter: str = ADAPTER, layers: dict[str, Any] | None = None
+) -> Path | None:
     """Write the backbone's transformer LoRA into ``folder`` in the diffusers format; returns ``folder``.
+    ``layers``: the adapter's tensors when already gathered (:func:`lora_state_dict`).
 
     Returns None (and writes nothing) when the backbone has no diffusers pipeline with ``save_lora_weights``
     or its transformer has no LoRA adapter.
@@ -49,7 +55,7 @@ def export_lora(backbone: Any, folder: str | Path, adapter: str = ADAPTER) -> Pa
     metadata = transformer.peft_config[adapter].to_dict()
     type(pipe).save_lora_weights(
         folder,
-        transformer_lora_layers=lora_state_dict(transformer, adapter),
+        transformer_lora_layers=lora_state_dict(transformer, adapter) if layers is None else layers,
         transformer_lora_adapter_metadata=metadata,
         safe_serialization=True,
     )

@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from flowrl.trainer.sharding import copy_full_into
+
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used (missing, truncated, from another model)."""
@@ -52,14 +54,13 @@ def save_checkpoint(
     state: dict[str, Any],
     extra: dict[str, Any],
     keep: int | None,
+    staged: bool = False,
 ) -> Path:
     """Write ``folder`` atomically: weights, JSON state and a torch file of everything else; then keep the
-    newest ``keep`` step folders beside it (None: prune nothing)."""
+    newest ``keep`` step folders beside it (None: prune nothing). ``staged``: :func:`begin_checkpoint` was
+    called and every process has written its shard (:func:`save_shard`) into the staging folder."""
     folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = staging(folder) if staged else begin_checkpoint(folder)
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / WEIGHTS))
     torch.save(extra, tmp / "extra.pt")
     (tmp / STATE).write_text(json.dumps(state, indent=2))
@@ -69,6 +70,41 @@ def save_checkpoint(
     if keep is not None:
         prune(folder.parent, keep)
     return folder
+
+
+def staging(folder: Path) -> Path:
+    """Where ``folder`` is written before it is renamed into place."""
+    return folder.with_name(folder.name + ".tmp")
+
+
+def begin_checkpoint(folder: Path) -> Path:
+    """A fresh, empty staging folder for ``folder`` (the main process; the others wait for it)."""
+    tmp = staging(Path(folder))
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def shard_file(folder: Path, rank: int) -> Path:
+    """Process ``rank``'s slice of the optimizer and EMA state in a sharded run's checkpoint."""
+    return Path(folder) / f"shard_{rank:03d}.pt"
+
+
+def save_shard(folder: Path, rank: int, state: dict[str, Any]) -> None:
+    """Write this process's state slice into ``folder``'s staging folder (after :func:`begin_checkpoint`)."""
+    torch.save(state, shard_file(staging(Path(folder)), rank))
+
+
+def load_shard(folder: Path, rank: int, processes: int) -> dict[str, Any]:
+    """Process ``rank``'s state slice of a checkpoint written by ``processes`` sharded processes."""
+    path = shard_file(folder, rank)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {folder}: missing {path.name} (written by {processes} sharded processes)")
+    try:
+        return dict(torch.load(path, weights_only=False))
+    except Exception as error:
+        raise CheckpointError(f"checkpoint {folder}: {path.name} is truncated or corrupt ({error})") from None
 
 
 def prune(parent: Path, keep: int) -> None:
@@ -151,5 +187,4 @@ def load_weights_into(module: torch.nn.Module, weights: dict[str, Tensor], sourc
                 f"checkpoint {source}: weights are from another model ('{name}' has shape {tuple(tensor.shape)},"
                 f" this model's {tuple(params[name].shape)}); {fix}"
             )
-        with torch.no_grad():
-            params[name].copy_(tensor)
+        copy_full_into(params[name], tensor)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from flowrl.trainer.sharding import local
+
 
 class EMA:
     """``ema <- decay * ema + (1 - decay) * param`` after every optimizer step."""
@@ -23,5 +25,5 @@ class EMA:
         return dict(self.shadow)
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        for name in self.shadow:
-            self.shadow[name].copy_(state[name])
+        for name in self.shadow:  # this process's slice when sharded (the state holds slices then)
+            local(self.shadow[name]).copy_(local(state[name]))

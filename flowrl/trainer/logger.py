@@ -75,3 +75,11 @@ def save_grid_png(images: Tensor, rows: int, path: Path, scale: int = 4) -> None
     if scale > 1:
         image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
     image.save(path)
+
+
+def write_grid(grid: tuple[Tensor, list[str]], file: Path) -> None:
+    """Write a row of sample images and, beside it, ``prompts.txt`` with their prompts (one per line)."""
+    images, prompts = grid
+    file.parent.mkdir(parents=True, exist_ok=True)
+    save_grid_png(images, rows=1, path=file)
+    (file.parent / "prompts.txt").write_text("".join(p + "\n" for p in prompts), encoding="utf-8")

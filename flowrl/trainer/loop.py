@@ -19,33 +19,33 @@ from tqdm.auto import tqdm
 
 from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
 from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss
-from flowrl.recipe import Recipe, RecipeError
+from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
 from flowrl.trainer.checkpoint import (
     BEST,
     CheckpointError,
+    begin_checkpoint,
     find_checkpoint,
     load_checkpoint,
-    load_weights_into,
+    load_shard,
     rng_state,
     save_checkpoint,
+    save_shard,
     set_rng_state,
 )
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.drift import policy_drift
-from flowrl.trainer.ema import EMA
 from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTrainedError, RunInterrupted
 from flowrl.trainer.health import HealthAlerts, rollout_health
-from flowrl.trainer.logger import RunLogger, save_grid_png
-from flowrl.trainer.lora import add_lora
+from flowrl.trainer.logger import RunLogger, write_grid
 from flowrl.trainer.memory import check_rollout_fits
-from flowrl.trainer.resume import apply_optim_settings, check_resume, record_resume
+from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.resume import check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
 from flowrl.trainer.support import (
     StopSignal,
     allow_attention_kernels,
-    install_reference,
     peak_memory_mb,
     plan_scalars,
     seed_everything,
@@ -91,7 +91,10 @@ class Trainer:
                            sampler_cfg.num_steps, self.backbone.latent_shape, pixels, self.accelerator.device)
         eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, sampler_cfg.shift)
         self.eval_schedule = Schedule(sigmas=eval_sigmas, kernel=kernel)  # ODE only: the kernel is unused
-        self._setup_model()
+        needs = any(getattr(part, "needs_reference", False) for part in (self.loss_fn, self.selector, self.sampler))
+        self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs)
+        self.named_params = self.policy.named_params
+        self.reference = self.policy.reference
         self.step = 0
         self.nfe = 0
         self.wall = 0.0
@@ -121,36 +124,6 @@ class Trainer:
             if changes and checkpoint is not None:
                 tqdm.write(record_resume(self.run_dir, checkpoint, self.step, changes), file=sys.stderr)
             (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
-
-    # -- set-up ---------------------------------------------------------------------------------
-    def _setup_model(self) -> None:
-        transformer = self.backbone.transformer
-        if self.recipe.lora is not None:
-            try:
-                add_lora(transformer, self.recipe.lora)
-            except ValueError as error:  # peft: e.g. no module matches target_modules
-                raise RecipeError(self.recipe.source, [("lora", f"cannot attach the adapters: {error}")]) from error
-        else:
-            transformer.requires_grad_(True)
-        if self.cfg.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()  # type: ignore[operator]
-        self.named_params = [(n, p) for n, p in transformer.named_parameters() if p.requires_grad]
-        # LoRA parameters stay fp32 whatever the backbone's dtype.
-        for _, p in self.named_params:
-            p.data = p.data.float()
-        o = self.recipe.optim
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.named_params], lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay
-        )
-        warmup = max(1, o.warmup_steps)
-        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: min(1.0, (k + 1) / warmup))
-        module, self.optimizer = self.accelerator.prepare(transformer, self.optimizer)
-        self.backbone.module = module
-        self.ema = EMA(self.named_params, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
-        needs = any(getattr(part, "needs_reference", False) for part in (self.loss_fn, self.selector, self.sampler))
-        self.reference = install_reference(
-            self.backbone, lora=self.recipe.lora is not None, needed=needs or self.cfg.kl_every > 0
-        )
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -280,7 +253,7 @@ class Trainer:
         metrics.update(self.drift(rollout))
         metrics.update(plan_scalars(plan))
         metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
-        metrics["lr"] = self.lr_schedule.get_last_lr()[0]
+        metrics["lr"] = self.policy.lr
         metrics.update(
             {
                 "time/iteration_s": t_iter,
@@ -331,8 +304,10 @@ class Trainer:
         self.backbone.module.eval()
         nfe = self.backbone.nfe
         result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
-        if self.cfg.image_every and self.accelerator.is_main_process:  # the run's samples over time (flowrl report)
-            self._sample_grid(self.run_dir / "samples" / f"step_{self.step:06d}.png")
+        if self.cfg.image_every:  # the run's samples over time (flowrl report)
+            grid = self._sample_grid()  # sharded: every process runs the forwards; the main one writes
+            if self.accelerator.is_main_process:
+                write_grid(grid, self.run_dir / "samples" / f"step_{self.step:06d}.png")
         self.backbone.nfe = nfe  # evaluation is not part of the training budget
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
@@ -348,7 +323,7 @@ class Trainer:
         module.train()
         backward_s = 0.0
         for _ in range(self.cfg.inner_epochs):
-            self.optimizer.zero_grad(set_to_none=True)
+            self.policy.zero_grad()
             stats = StatsMean()
             total_loss = torch.zeros(())
             for loss, share, batch_stats in self.micro_batches(rollout, advantages):
@@ -357,22 +332,18 @@ class Trainer:
                 backward_s += time.perf_counter() - start
                 total_loss = total_loss + loss.detach().cpu() * share
                 stats.add(batch_stats, share)
-            params = [p for _, p in self.named_params]
-            grad_norm = self.accelerator.clip_grad_norm_(params, self.recipe.optim.max_grad_norm)
+            grad_norm = self.policy.clip_grad_norm(self.recipe.optim.max_grad_norm)
             finite = all(
                 math.isfinite(float(x)) for x in (total_loss, grad_norm, rewards.total.sum(), advantages.values.sum())
             )
             if not finite:
                 self._bad_step()
-                self.optimizer.zero_grad(set_to_none=True)
+                self.policy.zero_grad()
                 result = {"loss": float("nan"), "clip_frac": float("nan"), "grad_norm": float(grad_norm)}
                 break
             self.bad_steps = 0
-            self.optimizer.step()
+            self.policy.step()
             self.updates += 1
-            self.lr_schedule.step()
-            if self.ema is not None:
-                self.ema.update()
             result = {"loss": float(total_loss), "grad_norm": float(grad_norm), **stats.result()}
             result.setdefault("clip_frac", 0.0)
             result["time/backward_s"] = backward_s
@@ -429,60 +400,75 @@ class Trainer:
         if not key or value <= self.best_value:
             return
         self.best_value = value
+        weights = self.policy.weights()  # every process: gathering sharded weights is a collective
         if not self.accelerator.is_main_process:
             return
         folder = self.run_dir / "checkpoints" / BEST
         state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "best": {"figure": key, "value": value}}
-        save_checkpoint(folder, {n: p for n, p in self.named_params}, state, {}, keep=None)
+        save_checkpoint(folder, weights, state, {}, keep=None)
         (folder / "recipe.toml").write_text(self.recipe.to_toml())
 
     def save(self) -> Path | None:
-        self.accelerator.wait_for_everyone()
-        if not self.accelerator.is_main_process:
-            return None
+        """Write ``checkpoints/step_N`` (the main process; every process takes part when sharded: the weights
+        and LoRA are gathered, and each process writes its slice of the optimizer and EMA state)."""
+        accelerator, sharded = self.accelerator, self.policy.sharded
+        accelerator.wait_for_everyone()
         folder = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        weights: dict[str, torch.Tensor] = {n: p for n, p in self.named_params}
-        bad = [n for n, p in weights.items() if not bool(torch.isfinite(p).all())]
+        weights, lora = self.policy.weights(), self.policy.lora_layers()
+        bad = self.policy.non_finite(weights)
         if bad:  # never write a checkpoint a NaN has reached
-            raise NonFiniteError(f"weights became non-finite ({bad[0]}); no checkpoint written at step {self.step}")
+            raise NonFiniteError(f"weights became non-finite ({bad}); no checkpoint written at step {self.step}")
+        policy_state = self.policy.state()
+        if sharded:
+            if accelerator.is_main_process:
+                begin_checkpoint(folder)
+            accelerator.wait_for_everyone()
+            save_shard(folder, accelerator.process_index, {k: policy_state.pop(k) for k in ("optimizer", "ema")})
+            accelerator.wait_for_everyone()
+        images = self.cfg.image_every and (accelerator.is_main_process or sharded)
+        grid = self._sample_grid() if images else None  # sharded: every process runs the forwards
+        if not accelerator.is_main_process:
+            return None
         best = self.best_value if math.isfinite(self.best_value) else None
         state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped, "best_value": best}
+        if sharded:
+            state["sharded_processes"] = accelerator.num_processes
         extra = {
-            "optimizer": self.optimizer.state_dict(),
-            "lr_schedule": self.lr_schedule.state_dict(),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
+            **policy_state,
             "rng": rng_state({}),
             "components": {"selector": self.selector.state_dict(), "sampler": self.sampler.state_dict()},
         }
-        path = save_checkpoint(folder, weights, state, extra, self.cfg.keep_checkpoints)
-        if self.recipe.lora is not None:  # also in the diffusers format: pipe.load_lora_weights(path / "lora")
-            export_lora(self.backbone, path / LORA_FOLDER)
+        path = save_checkpoint(folder, weights, state, extra, self.cfg.keep_checkpoints, staged=sharded)
+        if lora is not None:  # also in the diffusers format: pipe.load_lora_weights(path / "lora")
+            export_lora(self.backbone, path / LORA_FOLDER, layers=lora)
         (path / "recipe.toml").write_text(self.recipe.to_toml())
-        if self.cfg.image_every:
-            self._sample_grid(path / "samples.png")
+        if grid is not None:
+            write_grid(grid, path / "samples.png")
         return path
 
-    def _sample_grid(self, file: Path) -> None:
-        """A PNG row of deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts."""
+    def _sample_grid(self) -> tuple[torch.Tensor, list[str]]:
+        """Deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts, and the prompts."""
         from flowrl.evaluate import ode_images
 
         prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
-        images = ode_images(self.backbone, prompts, self.eval_schedule, seed=0)
-        file.parent.mkdir(parents=True, exist_ok=True)
-        save_grid_png(images, rows=1, path=file)
-        (file.parent / "prompts.txt").write_text("".join(p + "\n" for p in prompts), encoding="utf-8")
+        return ode_images(self.backbone, prompts, self.eval_schedule, seed=0), prompts
 
     def _resume(self, folder: Path) -> None:
         weights, state, extra = load_checkpoint(folder)
-        if "optimizer" not in extra:
+        if "lr_schedule" not in extra:
             raise CheckpointError(f"checkpoint {folder} holds weights only (a best checkpoint); resume from a step_*")
-        load_weights_into(self.backbone.transformer, weights, folder)
-        self.optimizer.load_state_dict(extra["optimizer"])
-        self.lr_schedule.load_state_dict(extra["lr_schedule"])
-        o = self.recipe.optim
-        apply_optim_settings(self.optimizer, self.lr_schedule, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
-        if self.ema is not None and extra.get("ema") is not None:
-            self.ema.load_state_dict(extra["ema"])
+        written = int(state.get("sharded_processes", 0))
+        here = self.accelerator.num_processes if self.policy.sharded else 0
+        if written != here:
+            was = f"{written} sharded processes" if written else "a run without sharding"
+            now = f"with {here} sharded process{'es' if here > 1 else ''}" if here else "without sharding"
+            raise CheckpointError(
+                f"checkpoint {folder} was written by {was}; it cannot resume {now} (trainer.sharding and the process"
+                " count must match the run that wrote it)"
+            )
+        if written:
+            extra.update(load_shard(folder, self.accelerator.process_index, written))
+        self.policy.load(weights, extra, folder, self.recipe.optim)
         set_rng_state(extra["rng"], {})
         self.selector.load_state_dict(extra["components"]["selector"])
         self.sampler.load_state_dict(extra["components"]["sampler"])

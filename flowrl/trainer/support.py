@@ -100,15 +100,21 @@ class _swapped(AbstractContextManager[None]):
         self.backbone.module = self.saved
 
 
-def install_reference(backbone: Backbone, lora: bool, needed: bool) -> Callable[[], AbstractContextManager[None]]:
+def install_reference(
+    backbone: Backbone,
+    lora: bool,
+    needed: bool,
+    prepare: Callable[[torch.nn.Module], torch.nn.Module] = lambda module: module,
+) -> Callable[[], AbstractContextManager[None]]:
     """The reference (base) policy as a context-manager factory, also installed as
-    ``backbone.reference_policy``: LoRA switched off, or a frozen copy of the initial transformer when some
-    part needs a reference. With neither, a no-op factory (and the backbone keeps raising when asked)."""
+    ``backbone.reference_policy``: LoRA switched off, or a frozen copy of the initial transformer (passed
+    through ``prepare``, e.g. sharded) when some part needs a reference. With neither, a no-op factory (and
+    the backbone keeps raising when asked)."""
     transformer = backbone.transformer
     if lora:
         factory: Callable[[], AbstractContextManager[None]] = lambda: adapters_disabled(transformer)  # noqa: E731
     elif needed:
-        frozen = _frozen_copy(transformer)
+        frozen = prepare(_frozen_copy(transformer))
         factory = lambda: _swapped(backbone, frozen)  # noqa: E731
     else:
         return no_reference

@@ -1,0 +1,133 @@
+"""The trained policy: the transformer the loop updates, with its optimizer, LR schedule, EMA and reference.
+
+Built once per run from the recipe: LoRA adapters (``[lora]``) or full fine-tuning, gradient checkpointing,
+AdamW with a linear warm-up; then either accelerate's preparation (DDP when there are several processes) or
+FSDP2 sharding (``trainer.sharding = "fsdp"``, :mod:`flowrl.trainer.sharding`). What a checkpoint needs comes
+from here: full tensors for the weights and the LoRA export (gathered from every process when sharded, so
+those methods are collectives), and this process's slices of the optimizer and EMA state when sharded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from flowrl.backbones.lora_export import lora_state_dict
+from flowrl.interfaces import Backbone
+from flowrl.recipe import Recipe, RecipeError
+from flowrl.trainer.checkpoint import load_weights_into
+from flowrl.trainer.ema import EMA
+from flowrl.trainer.lora import add_lora
+from flowrl.trainer.resume import apply_optim_settings
+from flowrl.trainer.sharding import full, gathered, load_local_optimizer_state, shard, to_local_tree
+from flowrl.trainer.support import install_reference
+
+
+class TrainedPolicy:
+    """The transformer under training and everything that updates it."""
+
+    def __init__(self, backbone: Backbone, recipe: Recipe, accelerator: Any, reference_needed: bool) -> None:
+        cfg, o = recipe.trainer, recipe.optim
+        self.backbone, self.accelerator = backbone, accelerator
+        self.sharded = cfg.sharding == "fsdp"
+        self.lora = recipe.lora is not None
+        transformer = backbone.transformer
+        if recipe.lora is not None:
+            try:
+                add_lora(transformer, recipe.lora)
+            except ValueError as error:  # peft: e.g. no module matches target_modules
+                raise RecipeError(recipe.source, [("lora", f"cannot attach the adapters: {error}")]) from error
+        else:
+            transformer.requires_grad_(True)
+        if cfg.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()  # type: ignore[operator]
+        for p in transformer.parameters():  # trained parameters (LoRA too) stay fp32 whatever the backbone's dtype
+            if p.requires_grad:
+                p.data = p.data.float()
+        needed = reference_needed or cfg.kl_every > 0
+        if self.sharded:  # the frozen reference is copied from the whole transformer, then sharded like it
+            def sharded(module: nn.Module) -> nn.Module:
+                return shard(module, accelerator.device, cfg.mixed_precision)
+
+            self.reference = install_reference(backbone, self.lora, needed, prepare=sharded)
+            sharded(transformer)
+        self.named_params = [(n, p) for n, p in transformer.named_parameters() if p.requires_grad]
+        params = [p for _, p in self.named_params]
+        optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+        warmup = max(1, o.warmup_steps)
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup))
+        if self.sharded:
+            module: nn.Module = transformer
+            self.optimizer: Any = optimizer
+        else:
+            module, self.optimizer = accelerator.prepare(transformer, optimizer)
+        backbone.module = module
+        self.ema = EMA(self.named_params, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        if not self.sharded:
+            self.reference = install_reference(backbone, self.lora, needed)
+
+    @property
+    def module(self) -> nn.Module:
+        return self.backbone.module
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip the gradients to ``max_norm`` (global norm over every process); the norm before clipping."""
+        params = [p for _, p in self.named_params]
+        if self.sharded:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        else:
+            norm = self.accelerator.clip_grad_norm_(params, max_norm)
+        return float(full(norm))
+
+    def step(self) -> None:
+        """One optimizer step, the LR schedule and the EMA after it."""
+        self.optimizer.step()
+        self.lr_schedule.step()
+        if self.ema is not None:
+            self.ema.update()
+
+    @property
+    def lr(self) -> float:
+        return float(self.lr_schedule.get_last_lr()[0])
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def weights(self) -> dict[str, Tensor]:
+        """Full CPU copies of the trained parameters (a collective when sharded)."""
+        return gathered(self.named_params)
+
+    def lora_layers(self) -> dict[str, Tensor] | None:
+        """The LoRA adapter's tensors under diffusers keys, full (a collective when sharded); None without LoRA."""
+        return lora_state_dict(self.backbone.transformer) if self.lora else None
+
+    def state(self) -> dict[str, Any]:
+        """Optimizer, LR schedule and EMA state: this process's slices when sharded (see :meth:`load_state`)."""
+        local = to_local_tree if self.sharded else (lambda x: x)
+        return {
+            "optimizer": local(self.optimizer.state_dict()),
+            "lr_schedule": self.lr_schedule.state_dict(),
+            "ema": local(self.ema.state_dict()) if self.ema is not None else None,
+        }
+
+    def load(self, weights: dict[str, Tensor], state: dict[str, Any], source: Path, optim: Any) -> None:
+        """Restore weights (full tensors) and :meth:`state`, then put ``optim``'s (the recipe's) learning rate
+        and Adam settings in force (a resumed run may change them)."""
+        load_weights_into(self.backbone.transformer, weights, source)
+        if self.sharded:
+            load_local_optimizer_state(self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_schedule.load_state_dict(state["lr_schedule"])
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.load_state_dict(state["ema"])
+        o = optim
+        apply_optim_settings(self.optimizer, self.lr_schedule, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
+
+    def non_finite(self, weights: dict[str, Tensor]) -> str | None:
+        """The first parameter name with a NaN or inf in ``weights`` (full tensors), or None."""
+        return next((n for n, w in weights.items() if not bool(torch.isfinite(w).all())), None)

@@ -1,0 +1,128 @@
+"""Sharded training (``trainer.sharding = "fsdp"``): torch FSDP2 (``fully_shard``) on the transformer.
+
+Every repeated block of the transformer (each entry of a ``ModuleList`` child: FLUX's double and single
+blocks, SD3's joint blocks, the world model's blocks) becomes one sharding unit, and the root holds what is
+left (embedders, output head). Each process keeps only its slice (dim 0) of every parameter, gradient and
+Adam moment; a block's full weights exist only during its own forward and backward (all-gathered, then freed),
+and gradients are reduce-scattered and averaged over processes, as DDP averages them.
+
+flowrl applies ``fully_shard`` itself instead of going through accelerate's FSDP plugin: accelerate 1.15 only
+turns FSDP on for GPU-type launches (its state ignores ``ACCELERATE_USE_FSDP`` for CPU processes), and the
+same code path then serves CPU tests and GPU runs. Parameters become ``DTensor``s; the helpers below turn them
+into full tensors (collectives: every process must call them) and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+SHARDINGS = ("none", "fsdp")
+
+
+def mixed_precision_policy(mixed_precision: str) -> Any:
+    """FSDP2's precision policy for ``trainer.mixed_precision``: bf16/fp16 compute over fp32 sharded weights,
+    gradients reduced in fp32 (accelerate's autocast is not used for a sharded model)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype is not None else None)
+
+
+def sharding_units(module: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of ``module``: every entry of its ``ModuleList`` children (searched below plain
+    containers such as peft's wrappers too)."""
+    units: list[nn.Module] = []
+    for child in module.children():
+        if isinstance(child, nn.ModuleList):
+            units.extend(child)
+        elif not list(child.parameters(recurse=False)) and not isinstance(child, nn.ModuleList):
+            units.extend(sharding_units(child))
+    return units
+
+
+def shard(module: nn.Module, device: torch.device, mixed_precision: str = "no") -> nn.Module:
+    """Shard ``module`` in place over every process (one unit per repeated block, then the root), starting
+    from the main process's values; returns it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if not dist.is_initialized():  # one process without a launcher: a one-member group runs the same code
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    with torch.no_grad():  # every process starts from the main one's values (random LoRA init), as DDP does
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    policy = mixed_precision_policy(mixed_precision)
+    for unit in sharding_units(module):
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
+    return module
+
+
+def is_sharded(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def full(tensor: Tensor) -> Tensor:
+    """The whole tensor (gathered from every process when sharded: a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def local(tensor: Tensor) -> Tensor:
+    """This process's slice of a sharded tensor (the tensor itself otherwise)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def gathered(named: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
+    """Full CPU copies of named tensors (a collective when any is sharded)."""
+    return {name: full(t.detach()).contiguous().cpu() for name, t in named}
+
+
+@torch.no_grad()
+def copy_full_into(target: Tensor, value: Tensor) -> None:
+    """Copy a full tensor into ``target``, keeping only this process's slice when ``target`` is sharded."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(target, DTensor):
+        mine = target.to_local()
+        part = distribute_tensor(value.to(mine.device, mine.dtype), target.device_mesh, target.placements)
+        mine.copy_(part.to_local())
+    else:
+        target.copy_(value)
+
+
+def to_local_tree(value: Any) -> Any:
+    """``value`` (nested dicts, lists, tuples) with every sharded tensor replaced by this process's slice."""
+    if isinstance(value, dict):
+        return {k: to_local_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_local_tree(v) for v in value)
+    return local(value) if isinstance(value, Tensor) else value
+
+
+def load_local_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load an optimizer state saved with :func:`to_local_tree` (this process's slices) and make each moment
+    a sharded tensor again, laid out like its parameter."""
+    from torch.distributed.tensor import DTensor
+
+    optimizer.load_state_dict(state)
+    for param, slots in optimizer.state.items():
+        if not isinstance(param, DTensor):
+            continue
+        for key, value in list(slots.items()):
+            if isinstance(value, Tensor) and not isinstance(value, DTensor) and value.shape == local(param).shape:
+                mesh, placements = param.device_mesh, param.placements
+                slots[key] = DTensor.from_local(
+                    value, mesh, placements, shape=param.shape, stride=param.stride(), run_check=False
+                )
