@@ -184,3 +184,27 @@ def test_a_sharded_checkpoint_refuses_another_process_count(flux: dict[str, Any]
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 2, err[-3000:]
     assert "was written by 2 sharded processes; it cannot resume with 1 sharded process" in err
+
+
+@pytest.mark.parametrize("method", ["aegpo", "diffusion_nft"])
+def test_sharding_changes_nothing_for_probes_and_forward_process_losses(method: str, tmp_path: Path) -> None:
+    """AEGPO's attention-entropy probe (through the sharded blocks, and the sharded frozen reference for its
+    entropy baseline) and DiffusionNFT's forward-process loss: 2 sharded processes equal 2 DDP processes (the
+    same per-process batches, so only sharding differs)."""
+    from conftest import shipped_tiny
+
+    for sharding in ("fsdp", "none"):
+        recipe = shipped_tiny(method, [f"trainer.sharding={sharding}", "trainer.prompts_per_step=1"])
+        (tmp_path / f"{sharding}.toml").write_text(recipe.to_toml())
+        run(command(tmp_path / f"{sharding}.toml", sharding, 2), tmp_path)
+    fsdp, ddp = rows(tmp_path / "fsdp"), rows(tmp_path / "none")
+    assert len(fsdp) == len(ddp) == 2
+    for a, b in zip(ddp, fsdp, strict=True):  # tolerances as above
+        assert a["nfe"] == b["nfe"] and a["reward/total"] == b["reward/total"]
+        assert math.isclose(a["grad_norm"], b["grad_norm"], rel_tol=1e-5), (a["grad_norm"], b["grad_norm"])
+        assert abs(a["loss"] - b["loss"]) <= 1e-6
+        probes = [k for k in a if k.startswith("plan/")]
+        assert all(math.isclose(a[k], b[k], rel_tol=1e-5, abs_tol=1e-6) for k in probes), probes
+    final = "checkpoints/step_000002/weights.safetensors"
+    w1, w2 = load_file(str(tmp_path / "none" / final)), load_file(str(tmp_path / "fsdp" / final))
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) <= 1e-6

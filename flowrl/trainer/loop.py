@@ -91,7 +91,8 @@ class Trainer:
                            sampler_cfg.num_steps, self.backbone.latent_shape, pixels, self.accelerator.device)
         eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, sampler_cfg.shift)
         self.eval_schedule = Schedule(sigmas=eval_sigmas, kernel=kernel)  # ODE only: the kernel is unused
-        needs = any(getattr(part, "needs_reference", False) for part in (self.loss_fn, self.selector, self.sampler))
+        self.probes_reference = any(getattr(part, "needs_reference", False) for part in (self.selector, self.sampler))
+        needs = self.probes_reference or bool(getattr(self.loss_fn, "needs_reference", False))
         self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs)
         self.named_params = self.policy.named_params
         self.reference = self.policy.reference
@@ -216,16 +217,16 @@ class Trainer:
         prompts = everyone[rank * per : (rank + 1) * per]
         self.backbone.module.eval()
         nfe0 = self.backbone.nfe
-        with torch.no_grad():
+        with torch.no_grad(), self.policy.inference(reference=self.probes_reference):
             self.selector.observe(self.backbone, prompts, self.schedule)
-        plan = self.selector.plan(self.schedule, step, generator(seed, step, "plan"))
-        try:
-            plan.check(self.schedule.num_steps)
-        except PlanError as error:
-            raise PlanError(f"selector {self.recipe.parts['selector'].type!r} at iteration {step}: {error}") from None
-        # 2. rollout with the current (old) policy
-        rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
-        with torch.no_grad():
+            plan = self.selector.plan(self.schedule, step, generator(seed, step, "plan"))
+            try:
+                plan.check(self.schedule.num_steps)
+            except PlanError as error:
+                selector = self.recipe.parts["selector"].type
+                raise PlanError(f"selector {selector!r} at iteration {step}: {error}") from None
+            # 2. rollout with the current (old) policy
+            rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
             rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
         nfe_iteration = self.backbone.nfe - nfe0
         t_rollout = time.perf_counter() - t0
@@ -303,11 +304,11 @@ class Trainer:
             return {}
         self.backbone.module.eval()
         nfe = self.backbone.nfe
-        result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
-        if self.cfg.image_every:  # the run's samples over time (flowrl report)
-            grid = self._sample_grid()  # sharded: every process runs the forwards; the main one writes
-            if self.accelerator.is_main_process:
-                write_grid(grid, self.run_dir / "samples" / f"step_{self.step:06d}.png")
+        with self.policy.inference():
+            result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
+            grid = self._sample_grid() if self.grids_here else None
+        if grid is not None and self.accelerator.is_main_process:  # the run's samples over time (flowrl report)
+            write_grid(grid, self.run_dir / "samples" / f"step_{self.step:06d}.png")
         self.backbone.nfe = nfe  # evaluation is not part of the training budget
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
@@ -425,8 +426,8 @@ class Trainer:
             accelerator.wait_for_everyone()
             save_shard(folder, accelerator.process_index, {k: policy_state.pop(k) for k in ("optimizer", "ema")})
             accelerator.wait_for_everyone()
-        images = self.cfg.image_every and (accelerator.is_main_process or sharded)
-        grid = self._sample_grid() if images else None  # sharded: every process runs the forwards
+        with self.policy.inference():
+            grid = self._sample_grid() if self.grids_here else None
         if not accelerator.is_main_process:
             return None
         best = self.best_value if math.isfinite(self.best_value) else None
@@ -445,6 +446,12 @@ class Trainer:
         if grid is not None:
             write_grid(grid, path / "samples.png")
         return path
+
+    @property
+    def grids_here(self) -> bool:
+        """This process computes the sample grids: the main one writes them, and when sharded every process
+        takes part in the forwards."""
+        return bool(self.cfg.image_every) and (self.accelerator.is_main_process or self.policy.sharded)
 
     def _sample_grid(self) -> tuple[torch.Tensor, list[str]]:
         """Deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts, and the prompts."""

@@ -9,6 +9,7 @@ those methods are collectives), and this process's slices of the optimizer and E
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from flowrl.trainer.checkpoint import load_weights_into
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.resume import apply_optim_settings
-from flowrl.trainer.sharding import full, gathered, load_local_optimizer_state, shard, to_local_tree
+from flowrl.trainer.sharding import full, gathered, load_local_optimizer_state, shard, to_local_tree, whole
 from flowrl.trainer.support import install_reference
 
 
@@ -48,11 +49,17 @@ class TrainedPolicy:
             if p.requires_grad:
                 p.data = p.data.float()
         needed = reference_needed or cfg.kl_every > 0
+        self.frozen: nn.Module | None = None  # a sharded run's frozen reference copy (full fine-tuning)
         if self.sharded:  # the frozen reference is copied from the whole transformer, then sharded like it
+
             def sharded(module: nn.Module) -> nn.Module:
                 return shard(module, accelerator.device, cfg.mixed_precision)
 
-            self.reference = install_reference(backbone, self.lora, needed, prepare=sharded)
+            def sharded_reference(module: nn.Module) -> nn.Module:
+                self.frozen = sharded(module)
+                return self.frozen
+
+            self.reference = install_reference(backbone, self.lora, needed, prepare=sharded_reference)
             sharded(transformer)
         self.named_params = [(n, p) for n, p in transformer.named_parameters() if p.requires_grad]
         params = [p for _, p in self.named_params]
@@ -72,6 +79,14 @@ class TrainedPolicy:
     @property
     def module(self) -> nn.Module:
         return self.backbone.module
+
+    def inference(self, reference: bool = False) -> AbstractContextManager[None]:
+        """The context of a no-gradient phase (probes, rollouts, evaluation): when sharded, every process holds
+        the full weights inside it (and the frozen reference's with ``reference``), so each can call the model
+        as often as its own data needs (flowrl.trainer.sharding.whole); otherwise nothing."""
+        if not self.sharded:
+            return nullcontext()
+        return whole([self.backbone.transformer, *([self.frozen] if reference and self.frozen is not None else [])])
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -10,11 +10,18 @@ flowrl applies ``fully_shard`` itself instead of going through accelerate's FSDP
 turns FSDP on for GPU-type launches (its state ignores ``ACCELERATE_USE_FSDP`` for CPU processes), and the
 same code path then serves CPU tests and GPU runs. Parameters become ``DTensor``s; the helpers below turn them
 into full tensors (collectives: every process must call them) and back.
+
+Each forward of a sharded block is a collective, so every process would have to make the same sequence of
+transformer calls. Rollouts do not (AEGPO probes the reference only for prompts its process has not seen,
+group sizes differ between processes), so the no-gradient phases (probes, rollouts, evaluation) run inside
+:func:`whole`: each process gathers the full weights once, at the same point, and then calls the model as often
+as its own data needs, with no collective; training forwards and backwards are sharded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -62,6 +69,25 @@ def shard(module: nn.Module, device: torch.device, mixed_precision: str = "no") 
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
     return module
+
+
+@contextmanager
+def whole(modules: Sequence[nn.Module]) -> Iterator[None]:
+    """Inside the block every sharded unit of ``modules`` holds its full parameters and forwards make no
+    collective (every process enters and leaves together); afterwards they are sharded again."""
+    from torch.distributed.fsdp import FSDPModule
+
+    roots = [m for m in modules if isinstance(m, FSDPModule)]
+    units = [(unit, unit is root) for root in roots for unit in root.modules() if isinstance(unit, FSDPModule)]
+    for unit, _ in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit, is_root in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(not is_root, recurse=False)  # fully_shard's defaults
 
 
 def is_sharded(tensor: Any) -> bool:
