@@ -208,3 +208,13 @@ def test_sharding_changes_nothing_for_probes_and_forward_process_losses(method: 
     final = "checkpoints/step_000002/weights.safetensors"
     w1, w2 = load_file(str(tmp_path / "none" / final)), load_file(str(tmp_path / "fsdp" / final))
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) <= 1e-6
+
+
+@pytest.mark.parametrize("plugin", ["FSDP", "DEEPSPEED"])
+def test_accelerates_own_sharding_plugins_are_refused(plugin: str) -> None:
+    from flowrl.trainer.errors import LaunchError
+    from flowrl.trainer.sharding import check_launch
+
+    check_launch("MULTI_CPU")  # a plain launch passes
+    with pytest.raises(LaunchError, match=f'its {plugin} plugin.*trainer.sharding = "fsdp"'):
+        check_launch(plugin)

@@ -16,7 +16,7 @@ from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, RegistryError, registry, summary
 from flowrl.report import ReportError
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
-from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTrainedError, RunFolderError
+from flowrl.trainer.errors import BestMetricError, LaunchError, NonFiniteError, NothingTrainedError, RunFolderError
 
 USER_ERRORS = (
     RecipeError,
@@ -31,6 +31,7 @@ USER_ERRORS = (
     BestMetricError,
     RunFolderError,
     ReportError,
+    LaunchError,
 )
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from flowrl.trainer.runfolder import RunFolderError
 
-__all__ = ["BestMetricError", "NonFiniteError", "NothingTrainedError", "RunFolderError", "RunInterrupted"]
+__all__ = [
+    "BestMetricError",
+    "LaunchError",
+    "NonFiniteError",
+    "NothingTrainedError",
+    "RunFolderError",
+    "RunInterrupted",
+]
 
 
 class NonFiniteError(RuntimeError):
@@ -26,3 +33,7 @@ class RunInterrupted(KeyboardInterrupt):
 
 class BestMetricError(ValueError):
     """``trainer.keep_best`` names a figure the run's evaluation does not report."""
+
+
+class LaunchError(ValueError):
+    """The run was launched in a way flowrl does not support (accelerate's FSDP or DeepSpeed plugins)."""

@@ -43,6 +43,7 @@ from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.resume import check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
+from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import (
     StopSignal,
     allow_attention_kernels,
@@ -67,6 +68,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.quiet = quiet
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=self.cfg.mixed_precision)
+        check_launch(str(self.accelerator.distributed_type.value))
         seed_everything(recipe.seed + self.accelerator.process_index)
         if self.cfg.torch_threads:
             torch.set_num_threads(self.cfg.torch_threads)

@@ -30,6 +30,20 @@ from torch import Tensor, nn
 SHARDINGS = ("none", "fsdp")
 
 
+def check_launch(distributed_type: str) -> None:
+    """Refuse accelerate's own FSDP and DeepSpeed plugins (an accelerate config with ``distributed_type: FSDP``
+    or ``DEEPSPEED``): flowrl's checkpoints, reference policy and rollouts are not written for them and no test
+    runs them; ``trainer.sharding = "fsdp"`` under a plain multi-process launch is the tested way to shard."""
+    from flowrl.trainer.errors import LaunchError
+
+    if distributed_type in ("FSDP", "DEEPSPEED"):
+        raise LaunchError(
+            f"accelerate was launched with its {distributed_type} plugin, which flowrl does not support; launch with a"
+            ' plain multi-process configuration (--multi_gpu) and set trainer.sharding = "fsdp" to shard the model'
+            " (docs/distributed.md)"
+        )
+
+
 def mixed_precision_policy(mixed_precision: str) -> Any:
     """FSDP2's precision policy for ``trainer.mixed_precision``: bf16/fp16 compute over fp32 sharded weights,
     gradients reduced in fp32 (accelerate's autocast is not used for a sharded model)."""
