@@ -8,7 +8,9 @@ trainer (``Trainer.iteration``) with bf16 weights, bf16 autocast (``trainer.mixe
 fp32 trainable weights and gradient checkpointing. Per model it prints the parameter count, the rollout
 throughput (transformer rows per second of rollout time; a CFG step is 2 rows), the mean iteration time
 (the first, warm-up iteration left out) and the peak memory (CUDA allocator peak, or the process's peak
-RSS on a CPU). Each case runs in its own process, so a CUDA fault in one leaves the others measurable; the
+RSS on a CPU). For FLUX-class models it also times the same model's plain diffusers inference
+(``FluxPipeline.__call__``, same batch, steps and precision) and prints the ratio of the rollout throughput to
+it. Each case runs in its own process, so a CUDA fault in one leaves the others measurable; the
 script exits 1 if any case crashed or saw a non-finite reward, advantage, loss or gradient norm.
 ``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
 """
@@ -114,6 +116,42 @@ def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int, attenti
     return data
 
 
+def diffusers_rows_per_s(trainer: Any, data: dict[str, Any], repeats: int = 2) -> float | None:
+    """Transformer rows per second of the model's own diffusers ``FluxPipeline.__call__`` with the rollout's
+    batch (prompts x group), steps, resolution and precision (bf16 autocast, decoded images as flowrl's
+    rollouts decode them); None for other pipelines. The first call warms up and is not timed."""
+    import torch
+
+    pipe = getattr(trainer.backbone, "pipe", None)
+    if pipe is None or type(pipe).__name__ != "FluxPipeline":
+        return None
+    sampler, config = data["sampler"], trainer.backbone.config
+    prompts = data["prompts"]["prompts"][: data["trainer"]["prompts_per_step"]]
+    kwargs: dict[str, Any] = {
+        "prompt": prompts,
+        "num_images_per_prompt": sampler["group_size"],
+        "num_inference_steps": sampler["num_steps"],
+        "height": config.resolution,
+        "width": config.resolution,
+        "max_sequence_length": config.max_sequence_length,
+        "output_type": "pt",
+    }
+    if hasattr(config, "guidance"):
+        kwargs["guidance_scale"] = config.guidance
+    pipe.set_progress_bar_config(disable=True)
+    device = trainer.backbone.device
+    seconds = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        with torch.no_grad(), torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            pipe(**kwargs, generator=torch.Generator(device).manual_seed(0))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    rows = len(prompts) * sampler["group_size"] * sampler["num_steps"]
+    return rows / (sum(seconds[1:]) / repeats)
+
+
 def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
     import torch
 
@@ -135,6 +173,7 @@ def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             rows.append((trainer.nfe - nfe, metrics))
+        baseline = diffusers_rows_per_s(trainer, data)
         trainer.logger.close()
     timed = rows[1:] or rows
     iter_s = sum(m["time/iteration_s"] for _, m in timed) / len(timed)
@@ -149,6 +188,8 @@ def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
         f"{'ok' if finite else 'NON-FINITE: ' + ', '.join(bad or ['skipped steps'])}",
         flush=True,
     )
+    if baseline is not None:  # the goal: flowrl's rollouts at least 0.83x plain diffusers inference
+        print(f"{'':<10} diffusers FluxPipeline {baseline:8.1f} NFE/s  flowrl / diffusers {nfe_per_s / baseline:.2f}")
     del trainer
     return finite
 
