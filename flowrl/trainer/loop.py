@@ -10,39 +10,28 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
-from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss
+from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
-from flowrl.trainer.checkpoint import (
-    BEST,
-    CheckpointError,
-    begin_checkpoint,
-    find_checkpoint,
-    load_checkpoint,
-    load_shard,
-    rng_state,
-    save_checkpoint,
-    save_shard,
-    set_rng_state,
-)
+from flowrl.trainer.checkpoint import find_checkpoint
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.drift import policy_drift
-from flowrl.trainer.errors import BestMetricError, NonFiniteError, NothingTrainedError, RunInterrupted
+from flowrl.trainer.errors import NothingTrainedError, RunInterrupted
 from flowrl.trainer.health import HealthAlerts, rollout_health
 from flowrl.trainer.logger import RunLogger, write_grid
 from flowrl.trainer.memory import check_rollout_fits
+from flowrl.trainer.optimize import PolicyUpdate
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.resume import check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
+from flowrl.trainer.saving import Grid, RunCheckpoints, best_figure
 from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import (
     StopSignal,
@@ -51,7 +40,7 @@ from flowrl.trainer.support import (
     plan_scalars,
     seed_everything,
 )
-from flowrl.trainer.update import StatsMean, forward_process_losses, no_reference, transition_losses
+from flowrl.trainer.update import no_reference
 from flowrl.types import Advantages, PlanError, RewardBatch, Rollout, Schedule
 
 
@@ -98,14 +87,15 @@ class Trainer:
         self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs)
         self.named_params = self.policy.named_params
         self.reference = self.policy.reference
+        parts: dict[str, Any] = {"selector": self.selector, "sampler": self.sampler}
+        grid = lambda: self._sample_grid() if self.grids_here else None  # noqa: E731
+        self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, self.accelerator, parts, grid)
+        self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule, self.accelerator, self.reference)
         self.step = 0
         self.nfe = 0
         self.wall = 0.0
         self.started = time.perf_counter()  # reset when run() starts; trainer.max_minutes counts from there
         self.time_up = False
-        self.bad_steps = 0
-        self.skipped = 0
-        self.updates = 0  # optimizer steps taken since this process started the run (or resumed it)
         self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
         self.alerts = HealthAlerts(self.cfg.alert_diversity, self.cfg.alert_eval_falls)
         # One writer per run folder: the lock comes before the checks, so two runs started together cannot
@@ -314,177 +304,61 @@ class Trainer:
         self.backbone.nfe = nfe  # evaluation is not part of the training budget
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
-    def score(self, rollout: Rollout) -> RewardBatch:
-        return score_rollout(self.rewards, rollout)
-
-    def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
-        """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped."""
-        result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
-        if isinstance(self.loss_fn, PolicyLoss) and len(rollout.transitions) == 0:
-            return result
-        module = self.backbone.module
-        module.train()
-        backward_s = 0.0
-        for _ in range(self.cfg.inner_epochs):
-            self.policy.zero_grad()
-            stats = StatsMean()
-            total_loss = torch.zeros(())
-            for loss, share, batch_stats in self.micro_batches(rollout, advantages):
-                start = time.perf_counter()
-                self.accelerator.backward(loss * share)
-                backward_s += time.perf_counter() - start
-                total_loss = total_loss + loss.detach().cpu() * share
-                stats.add(batch_stats, share)
-            grad_norm = self.policy.clip_grad_norm(self.recipe.optim.max_grad_norm)
-            finite = all(
-                math.isfinite(float(x)) for x in (total_loss, grad_norm, rewards.total.sum(), advantages.values.sum())
-            )
-            if not finite:
-                self._bad_step()
-                self.policy.zero_grad()
-                result = {"loss": float("nan"), "clip_frac": float("nan"), "grad_norm": float(grad_norm)}
-                break
-            self.bad_steps = 0
-            self.policy.step()
-            self.updates += 1
-            result = {"loss": float(total_loss), "grad_norm": float(grad_norm), **stats.result()}
-            result.setdefault("clip_frac", 0.0)
-            result["time/backward_s"] = backward_s
-        return result
-
-    def micro_batches(self, rollout: Rollout, advantages: Advantages) -> Iterator[tuple[torch.Tensor, float, dict]]:
-        """(loss, share, stats) per micro-batch: recorded transitions, or re-noised rollouts (forward process)."""
-        if isinstance(self.loss_fn, ForwardProcessLoss):
-            nft = generator(self.recipe.seed, self.step, "forward_process", self.accelerator.process_index)
-            return forward_process_losses(
-                self.backbone, self.loss_fn, rollout, advantages.values, self.cfg.train_batch_size, nft, self.reference
-            )
-        return transition_losses(
-            self.backbone,
-            self.schedule.kernel,
-            self.loss_fn,
-            self.schedule,
-            rollout.cond,
-            rollout.transitions,
-            advantages.values,
-            self.cfg.train_batch_size,
-            self.reference,
-            node_advantages=advantages.nodes,
-        )
-
-    def _bad_step(self) -> None:
-        self.bad_steps += 1
-        self.skipped += 1
-        if self.bad_steps >= self.cfg.max_bad_steps:
-            raise NonFiniteError(
-                f"{self.bad_steps} iterations in a row had NaN or inf in rewards, advantages, loss or gradient norm;"
-                f" stopping (trainer.max_bad_steps = {self.cfg.max_bad_steps})"
-            )
-
-    # -- checkpoints ----------------------------------------------------------------------------
-    def best_figure(self, figures: dict[str, Any], key: str | None = None) -> tuple[str, float]:
-        """The key and value of ``trainer.keep_best``'s figure (or of ``key``) in ``figures`` (``("", -inf)``
-        when off)."""
-        key = self.cfg.keep_best if key is None else key
-        if key == "auto":
-            key = next((k for k in ("eval/strict", "eval/score") if k in figures), "")
-        if not key:
-            return "", -math.inf
-        if key not in figures:
-            found = ", ".join(sorted(k for k in figures if k.startswith("eval/"))) or "none"
-            raise BestMetricError(f"trainer.keep_best = {key!r} is not an evaluation figure of this run ({found})")
-        value = float(figures[key])
-        return key, value if math.isfinite(value) else -math.inf
-
-    def keep_best(self, metrics: dict[str, Any]) -> None:
-        """Write ``checkpoints/best`` when this evaluation beats every earlier one, the initial policy's
-        included (so a run that never improved has no best checkpoint)."""
-        key, value = self.best_figure(metrics)
-        if not key or value <= self.best_value:
-            return
-        self.best_value = value
-        weights = self.policy.weights()  # every process: gathering sharded weights is a collective
-        if not self.accelerator.is_main_process:
-            return
-        folder = self.run_dir / "checkpoints" / BEST
-        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "best": {"figure": key, "value": value}}
-        save_checkpoint(folder, weights, state, {}, keep=None)
-        (folder / "recipe.toml").write_text(self.recipe.to_toml())
-
-    def save(self) -> Path | None:
-        """Write ``checkpoints/step_N`` (the main process; every process takes part when sharded: the weights
-        and LoRA are gathered, and each process writes its slice of the optimizer and EMA state)."""
-        accelerator, sharded = self.accelerator, self.policy.sharded
-        accelerator.wait_for_everyone()
-        folder = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        weights, lora = self.policy.weights(), self.policy.lora_layers()
-        bad = self.policy.non_finite(weights)
-        if bad:  # never write a checkpoint a NaN has reached
-            raise NonFiniteError(f"weights became non-finite ({bad}); no checkpoint written at step {self.step}")
-        policy_state = self.policy.state()
-        if sharded:
-            if accelerator.is_main_process:
-                begin_checkpoint(folder)
-            accelerator.wait_for_everyone()
-            save_shard(folder, accelerator.process_index, {k: policy_state.pop(k) for k in ("optimizer", "ema")})
-            accelerator.wait_for_everyone()
-        with self.policy.inference():
-            grid = self._sample_grid() if self.grids_here else None
-        if not accelerator.is_main_process:
-            return None
-        best = self.best_value if math.isfinite(self.best_value) else None
-        state = {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped, "best_value": best}
-        if sharded:
-            state["sharded_processes"] = accelerator.num_processes
-        extra = {
-            **policy_state,
-            "rng": rng_state({}),
-            "components": {"selector": self.selector.state_dict(), "sampler": self.sampler.state_dict()},
-        }
-        path = save_checkpoint(folder, weights, state, extra, self.cfg.keep_checkpoints, staged=sharded)
-        if lora is not None:  # also in the diffusers format: pipe.load_lora_weights(path / "lora")
-            export_lora(self.backbone, path / LORA_FOLDER, layers=lora)
-        (path / "recipe.toml").write_text(self.recipe.to_toml())
-        if grid is not None:
-            write_grid(grid, path / "samples.png")
-        return path
-
     @property
     def grids_here(self) -> bool:
         """This process computes the sample grids: the main one writes them, and when sharded every process
         takes part in the forwards."""
         return bool(self.cfg.image_every) and (self.accelerator.is_main_process or self.policy.sharded)
 
-    def _sample_grid(self) -> tuple[torch.Tensor, list[str]]:
+    def _sample_grid(self) -> Grid:
         """Deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts, and the prompts."""
         from flowrl.evaluate import ode_images
 
         prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
         return ode_images(self.backbone, prompts, self.eval_schedule, seed=0), prompts
 
+    def score(self, rollout: Rollout) -> RewardBatch:
+        return score_rollout(self.rewards, rollout)
+
+    def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
+        """The policy update of this iteration (flowrl.trainer.optimize)."""
+        return self.updater(rollout, advantages, rewards, self.step)
+
+    @property
+    def skipped(self) -> int:
+        """Iterations skipped for NaN or inf so far."""
+        return self.updater.skipped
+
+    @property
+    def updates(self) -> int:
+        """Optimizer steps taken since this process started (or resumed) the run."""
+        return self.updater.updates
+
+    # -- checkpoints (flowrl.trainer.saving) -----------------------------------------------------
+    def best_figure(self, figures: dict[str, Any], key: str | None = None) -> tuple[str, float]:
+        """The key and value of ``trainer.keep_best``'s figure (or of ``key``) in ``figures``."""
+        return best_figure(figures, self.cfg.keep_best, key)
+
+    def keep_best(self, metrics: dict[str, Any]) -> None:
+        """Write ``checkpoints/best`` when this evaluation beats every earlier one, the initial policy's
+        included (so a run that never improved has no best checkpoint)."""
+        key, value = self.best_figure(metrics)
+        if key and value > self.best_value:
+            self.best_value = value
+            self.checkpoints.save_best(self.counters(), key, value)
+
+    def counters(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the loop's progress."""
+        return {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped,
+                "best_value": self.best_value}
+
+    def save(self) -> Path | None:
+        return self.checkpoints.save(self.counters())
+
     def _resume(self, folder: Path) -> None:
-        weights, state, extra = load_checkpoint(folder)
-        if "lr_schedule" not in extra:
-            raise CheckpointError(f"checkpoint {folder} holds weights only (a best checkpoint); resume from a step_*")
-        written = int(state.get("sharded_processes", 0))
-        here = self.accelerator.num_processes if self.policy.sharded else 0
-        if written != here:
-            was = f"{written} sharded processes" if written else "a run without sharding"
-            now = f"with {here} sharded process{'es' if here > 1 else ''}" if here else "without sharding"
-            raise CheckpointError(
-                f"checkpoint {folder} was written by {was}; it cannot resume {now} (trainer.sharding and the process"
-                " count must match the run that wrote it)"
-            )
-        if written:
-            extra.update(load_shard(folder, self.accelerator.process_index, written))
-        self.policy.load(weights, extra, folder, self.recipe.optim)
-        set_rng_state(extra["rng"], {})
-        self.selector.load_state_dict(extra["components"]["selector"])
-        self.sampler.load_state_dict(extra["components"]["sampler"])
-        self.step, self.nfe, self.wall = state["step"], state["nfe"], state["wall_s"]
-        self.skipped = state.get("skipped", 0)
-        best = state.get("best_value")
-        self.best_value = -math.inf if best is None else float(best)
+        counters = self.checkpoints.resume(folder)
+        self.step, self.nfe, self.wall = counters["step"], counters["nfe"], counters["wall_s"]
+        self.updater.skipped, self.best_value = counters["skipped"], counters["best_value"]
 
 
 def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:

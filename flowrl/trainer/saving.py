@@ -1,0 +1,145 @@
+"""A run's checkpoints: the periodic ``checkpoints/step_N`` folders, ``checkpoints/best``, and resuming.
+
+A step checkpoint holds the trained weights (full tensors, also when sharded), the LoRA export, the optimizer,
+LR schedule and EMA state (one slice per process when sharded), the RNG states, the selector's and sampler's
+state, the loop's counters, the recipe and a row of sample images. ``best`` holds weights only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
+from flowrl.interfaces import Component
+from flowrl.recipe import Recipe
+from flowrl.trainer.checkpoint import (
+    BEST,
+    CheckpointError,
+    begin_checkpoint,
+    load_checkpoint,
+    load_shard,
+    rng_state,
+    save_checkpoint,
+    save_shard,
+    set_rng_state,
+)
+from flowrl.trainer.errors import BestMetricError, NonFiniteError
+from flowrl.trainer.logger import write_grid
+from flowrl.trainer.policy import TrainedPolicy
+
+Grid = tuple[torch.Tensor, list[str]]
+
+
+def best_figure(figures: dict[str, Any], setting: str, key: str | None = None) -> tuple[str, float]:
+    """The key and value of ``trainer.keep_best``'s figure (``setting``, or ``key`` when given) in ``figures``;
+    ``("", -inf)`` when off. "auto": ``eval/strict`` where the evaluation reports it, else ``eval/score``."""
+    key = setting if key is None else key
+    if key == "auto":
+        key = next((k for k in ("eval/strict", "eval/score") if k in figures), "")
+    if not key:
+        return "", -math.inf
+    if key not in figures:
+        found = ", ".join(sorted(k for k in figures if k.startswith("eval/"))) or "none"
+        raise BestMetricError(f"trainer.keep_best = {key!r} is not an evaluation figure of this run ({found})")
+    value = float(figures[key])
+    return key, value if math.isfinite(value) else -math.inf
+
+
+class RunCheckpoints:
+    """Writes and reads one run's checkpoints. ``counters`` are the loop's (step, nfe, wall_s, skipped,
+    best_value); ``grid`` computes the sample row a step checkpoint keeps (None: none)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        recipe: Recipe,
+        policy: TrainedPolicy,
+        accelerator: Any,
+        components: dict[str, Component],
+        grid: Callable[[], Grid | None],
+    ) -> None:
+        self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, accelerator
+        self.components, self.grid = components, grid
+
+    def save(self, counters: dict[str, Any]) -> Path | None:
+        """Write ``checkpoints/step_N`` (the main process; every process takes part when sharded: the weights
+        and LoRA are gathered, and each process writes its slice of the optimizer and EMA state)."""
+        accelerator, policy, step = self.accelerator, self.policy, counters["step"]
+        accelerator.wait_for_everyone()
+        folder = self.run_dir / "checkpoints" / f"step_{step:06d}"
+        weights, lora = policy.weights(), policy.lora_layers()
+        bad = policy.non_finite(weights)
+        if bad:  # never write a checkpoint a NaN has reached
+            raise NonFiniteError(f"weights became non-finite ({bad}); no checkpoint written at step {step}")
+        policy_state = policy.state()
+        if policy.sharded:
+            if accelerator.is_main_process:
+                begin_checkpoint(folder)
+            accelerator.wait_for_everyone()
+            save_shard(folder, accelerator.process_index, {k: policy_state.pop(k) for k in ("optimizer", "ema")})
+            accelerator.wait_for_everyone()
+        with policy.inference():
+            grid = self.grid()
+        if not accelerator.is_main_process:
+            return None
+        best = counters["best_value"]
+        state = {**counters, "best_value": best if math.isfinite(best) else None}
+        if policy.sharded:
+            state["sharded_processes"] = accelerator.num_processes
+        extra = {
+            **policy_state,
+            "rng": rng_state({}),
+            "components": {name: part.state_dict() for name, part in self.components.items()},
+        }
+        keep = self.recipe.trainer.keep_checkpoints
+        path = save_checkpoint(folder, weights, state, extra, keep, staged=policy.sharded)
+        if lora is not None:  # also in the diffusers format: pipe.load_lora_weights(path / "lora")
+            export_lora(policy.backbone, path / LORA_FOLDER, layers=lora)
+        (path / "recipe.toml").write_text(self.recipe.to_toml())
+        if grid is not None:
+            write_grid(grid, path / "samples.png")
+        return path
+
+    def save_best(self, counters: dict[str, Any], figure: str, value: float) -> None:
+        """Write ``checkpoints/best``: the weights, the counters and the figure that made them the best."""
+        weights = self.policy.weights()  # every process: gathering sharded weights is a collective
+        if not self.accelerator.is_main_process:
+            return
+        folder = self.run_dir / "checkpoints" / BEST
+        state = {k: counters[k] for k in ("step", "nfe", "wall_s")} | {"best": {"figure": figure, "value": value}}
+        save_checkpoint(folder, weights, state, {}, keep=None)
+        (folder / "recipe.toml").write_text(self.recipe.to_toml())
+
+    def resume(self, folder: Path) -> dict[str, Any]:
+        """Restore the policy, RNG and component state from a step checkpoint; returns its counters."""
+        weights, state, extra = load_checkpoint(folder)
+        if "lr_schedule" not in extra:
+            raise CheckpointError(f"checkpoint {folder} holds weights only (a best checkpoint); resume from a step_*")
+        written = int(state.get("sharded_processes", 0))
+        here = self.accelerator.num_processes if self.policy.sharded else 0
+        if written != here:
+            was = f"{written} sharded processes" if written else "a run without sharding"
+            now = f"with {here} sharded process{'es' if here > 1 else ''}" if here else "without sharding"
+            raise CheckpointError(
+                f"checkpoint {folder} was written by {was}; it cannot resume {now} (trainer.sharding and the process"
+                " count must match the run that wrote it)"
+            )
+        if written:
+            extra.update(load_shard(folder, self.accelerator.process_index, written))
+        self.policy.load(weights, extra, folder, self.recipe.optim)
+        set_rng_state(extra["rng"], {})
+        for name, part in self.components.items():
+            part.load_state_dict(extra["components"][name])
+        best = state.get("best_value")
+        return {
+            "step": state["step"],
+            "nfe": state["nfe"],
+            "wall_s": state["wall_s"],
+            "skipped": state.get("skipped", 0),
+            "best_value": -math.inf if best is None else float(best),
+        }
