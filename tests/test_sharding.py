@@ -86,10 +86,17 @@ def rows(run_dir: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_two_sharded_processes_equal_one(flux: dict[str, Any], lora: bool, tmp_path: Path) -> None:
-    run(command(write(tmp_path / "two.toml", flux, 1, "fsdp", lora, max_steps=2), "two", 2), tmp_path)
-    run(command(write(tmp_path / "one.toml", flux, 2, "none", lora, max_steps=2), "one", 1), tmp_path)
+    # with LoRA also a held-out evaluation and sample grids each iteration: sharded, every process joins them
+    images = {"eval_every": 1, "image_every": 1} if lora else {}
+    run(command(write(tmp_path / "two.toml", flux, 1, "fsdp", lora, max_steps=2, **images), "two", 2), tmp_path)
+    run(command(write(tmp_path / "one.toml", flux, 2, "none", lora, max_steps=2, **images), "one", 1), tmp_path)
     one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
-    assert len(one) == len(two) == 2
+    assert len(one) == len(two) == 2 + bool(lora)  # the initial evaluation is row 0
+    if lora:
+        assert math.isclose(one[-1]["eval/score"], two[-1]["eval/score"], rel_tol=1e-5)
+        assert (tmp_path / "two" / "samples" / "step_000002.png").exists()
+        assert (tmp_path / "two" / "checkpoints" / "step_000002" / "samples.png").exists()
+        one, two = one[1:], two[1:]
     # Not bitwise: a process runs half the rows (other GEMM shapes) and gradients are reduce-scattered; measured
     # differences ~1e-7 relative. Rewards, advantages and the gradient norm (0.002-0.9) at rel 1e-5; the loss, a
     # mean of order-1 terms that cancel to ~1e-9, at abs 1e-6. The KL to the initial policy is a mean of squared

@@ -19,27 +19,24 @@ from tqdm.auto import tqdm
 from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
+from flowrl.trainer.budget import Budget
 from flowrl.trainer.checkpoint import find_checkpoint
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.drift import policy_drift
 from flowrl.trainer.errors import NothingTrainedError, RunInterrupted
-from flowrl.trainer.health import HealthAlerts, rollout_health
-from flowrl.trainer.logger import RunLogger, write_grid
+from flowrl.trainer.health import HealthAlerts
+from flowrl.trainer.heldout import HeldOut
+from flowrl.trainer.logger import RunLogger
 from flowrl.trainer.memory import check_rollout_fits
+from flowrl.trainer.metrics import iteration_metrics
 from flowrl.trainer.optimize import PolicyUpdate
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.resume import check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
-from flowrl.trainer.saving import Grid, RunCheckpoints, best_figure
+from flowrl.trainer.saving import RunCheckpoints, best_figure
 from flowrl.trainer.sharding import check_launch
-from flowrl.trainer.support import (
-    StopSignal,
-    allow_attention_kernels,
-    peak_memory_mb,
-    plan_scalars,
-    seed_everything,
-)
+from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything
 from flowrl.trainer.update import no_reference
 from flowrl.types import Advantages, PlanError, RewardBatch, Rollout, Schedule
 
@@ -52,10 +49,7 @@ class Trainer:
 
         checkpoint = find_checkpoint(resume) if resume is not None else None
         changes = check_resume(checkpoint, recipe) if checkpoint is not None else []  # before anything loads
-        self.recipe = recipe
-        self.cfg = recipe.trainer
-        self.run_dir = Path(run_dir)
-        self.quiet = quiet
+        self.recipe, self.cfg, self.run_dir, self.quiet = recipe, recipe.trainer, Path(run_dir), quiet
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=self.cfg.mixed_precision)
         check_launch(str(self.accelerator.distributed_type.value))
         seed_everything(recipe.seed + self.accelerator.process_index)
@@ -88,14 +82,14 @@ class Trainer:
         self.named_params = self.policy.named_params
         self.reference = self.policy.reference
         parts: dict[str, Any] = {"selector": self.selector, "sampler": self.sampler}
-        grid = lambda: self._sample_grid() if self.grids_here else None  # noqa: E731
-        self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, self.accelerator, parts, grid)
+        self.heldout = HeldOut(self.backbone, self.prompts, self.rewards, self.eval_schedule, self.cfg, self.policy,
+                               self.accelerator)
+        self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, self.accelerator, parts, self.heldout.grid)
         self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule, self.accelerator, self.reference)
         self.step = 0
         self.nfe = 0
         self.wall = 0.0
-        self.started = time.perf_counter()  # reset when run() starts; trainer.max_minutes counts from there
-        self.time_up = False
+        self.budget = Budget(self.cfg, self.accelerator)
         self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
         self.alerts = HealthAlerts(self.cfg.alert_diversity, self.cfg.alert_eval_falls)
         # One writer per run folder: the lock comes before the checks, so two runs started together cannot
@@ -129,10 +123,10 @@ class Trainer:
             disable=self.quiet or not self.accelerator.is_main_process,
         )
         stop = StopSignal()
-        self.started = time.perf_counter()
+        self.budget.start()
         first = self.step
         try:
-            if self.evaluates and self.step == 0:
+            if self.budget.evaluates and self.step == 0:
                 figures = self.evaluate()
                 self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **figures})
                 self.best_value = self.best_figure(figures)[1]
@@ -173,30 +167,7 @@ class Trainer:
 
     def finished(self) -> bool:
         """The step limit, the NFE budget or the time limit is reached."""
-        budget = bool(self.cfg.max_nfe and self.nfe >= self.cfg.max_nfe)
-        return self.step >= self.cfg.max_steps or budget or self.time_up
-
-    @property
-    def evaluates(self) -> bool:
-        """Held-out evaluations are on (by iterations, by NFE or both)."""
-        return bool(self.cfg.eval_every or self.cfg.eval_every_nfe)
-
-    def evaluation_due(self, nfe_before: int) -> bool:
-        """Evaluate after this iteration: every ``eval_every`` iterations, when this iteration's rollouts took
-        the NFE count from ``nfe_before`` across a multiple of ``eval_every_nfe``, and after the last iteration."""
-        cfg, every = self.cfg, self.cfg.eval_every_nfe
-        by_step = bool(cfg.eval_every) and self.step % cfg.eval_every == 0
-        by_nfe = bool(every) and self.nfe // every > nfe_before // every
-        return self.evaluates and (by_step or by_nfe or self.finished())
-
-    def _time_is_up(self) -> bool:
-        """``trainer.max_minutes`` has passed since ``run`` started (the slowest process decides)."""
-        if not self.cfg.max_minutes:
-            return False
-        elapsed = torch.tensor([time.perf_counter() - self.started], device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            elapsed = self.accelerator.reduce(elapsed, "max")
-        return float(elapsed) >= 60.0 * self.cfg.max_minutes
+        return self.budget.finished(self.step, self.nfe)
 
     def iteration(self) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -235,26 +206,11 @@ class Trainer:
         self.nfe += reduce_metrics(self.accelerator, {"nfe": nfe_iteration}, summed=("nfe",))["nfe"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
-        self.time_up = self._time_is_up()
+        self.budget.tick()
         t_model = self.backbone.forward_s - forward0 + update.pop("time/backward_s", 0.0)
-        metrics: dict[str, Any] = {f"reward/{k}": float(v.mean()) for k, v in rewards.scores.items()}
-        metrics["reward/total"] = float(rewards.total.mean())
-        metrics["advantage/abs_mean"] = float(advantages.values.abs().mean())
-        metrics.update({f"advantage/{k}/abs_mean": float(v.abs().mean()) for k, v in advantages.per_reward.items()})
-        metrics.update(rollout_health(rollout.images, rollout.group, rewards.total))
-        metrics.update(update)
-        metrics.update(self.drift(rollout))
-        metrics.update(plan_scalars(plan))
-        metrics.update({"time/rollout_s": t_rollout, "time/update_s": t_update})
-        metrics["lr"] = self.policy.lr
-        metrics.update(
-            {
-                "time/iteration_s": t_iter,
-                "time/transformer_s": t_model,
-                "time/outside_share": max(0.0, 1 - t_model / t_iter),
-                "mem/peak_mb": peak_memory_mb(),
-            }
-        )
+        seconds = {"rollout": t_rollout, "update": t_update, "iteration": t_iter, "transformer": t_model}
+        metrics = iteration_metrics(rollout, rewards, advantages, plan, update, seconds)
+        metrics.update({**self.drift(rollout), "lr": self.policy.lr})
         metrics = {
             "step": self.step,
             "wall_s": round(self.wall, 4),
@@ -263,7 +219,7 @@ class Trainer:
             "skipped_steps": self.skipped,
         }
         figure = None
-        if self.evaluation_due(nfe_before):
+        if self.budget.evaluation_due(self.step, nfe_before, self.nfe):
             metrics.update(self.evaluate())
             self.keep_best(metrics)
             figure = self.best_figure(metrics, "auto")
@@ -288,34 +244,9 @@ class Trainer:
         return policy_drift(self.backbone, kernel, self.schedule, cond, rollout.transitions, self.reference)
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out figures of the current policy (deterministic ODE samples), keys ``eval/...``."""
-        from flowrl.evaluate import evaluate
-
-        prompts = self.prompts.heldout()[: self.cfg.eval_prompts]
-        if not prompts:
-            return {}
-        self.backbone.module.eval()
-        nfe = self.backbone.nfe
-        with self.policy.inference():
-            result = evaluate(self.backbone, prompts, self.rewards, self.eval_schedule, self.cfg.eval_seed)
-            grid = self._sample_grid() if self.grids_here else None
-        if grid is not None and self.accelerator.is_main_process:  # the run's samples over time (flowrl report)
-            write_grid(grid, self.run_dir / "samples" / f"step_{self.step:06d}.png")
-        self.backbone.nfe = nfe  # evaluation is not part of the training budget
-        return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
-
-    @property
-    def grids_here(self) -> bool:
-        """This process computes the sample grids: the main one writes them, and when sharded every process
-        takes part in the forwards."""
-        return bool(self.cfg.image_every) and (self.accelerator.is_main_process or self.policy.sharded)
-
-    def _sample_grid(self) -> Grid:
-        """Deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts, and the prompts."""
-        from flowrl.evaluate import ode_images
-
-        prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
-        return ode_images(self.backbone, prompts, self.eval_schedule, seed=0), prompts
+        """Held-out figures of the current policy (flowrl.trainer.heldout), keys ``eval/...``; the sample row
+        goes to ``samples/step_N.png`` (flowrl report)."""
+        return self.heldout.evaluate(self.run_dir / "samples" / f"step_{self.step:06d}.png")
 
     def score(self, rollout: Rollout) -> RewardBatch:
         return score_rollout(self.rewards, rollout)

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
 from flowrl.interfaces import Component
 from flowrl.recipe import Recipe
@@ -29,10 +27,9 @@ from flowrl.trainer.checkpoint import (
     set_rng_state,
 )
 from flowrl.trainer.errors import BestMetricError, NonFiniteError
+from flowrl.trainer.heldout import Grid
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
-
-Grid = tuple[torch.Tensor, list[str]]
 
 
 def best_figure(figures: dict[str, Any], setting: str, key: str | None = None) -> tuple[str, float]:

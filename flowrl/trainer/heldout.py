@@ -1,0 +1,62 @@
+"""Held-out evaluation during training: the figures of the current policy on the prompt source's evaluation
+prompts (deterministic ODE samples), and the row of sample images the run folder keeps of each evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrl.interfaces import Backbone, PromptSource
+from flowrl.settings import TrainerConfig
+from flowrl.trainer.logger import write_grid
+from flowrl.trainer.policy import TrainedPolicy
+from flowrl.types import Schedule
+
+Grid = tuple[torch.Tensor, list[str]]
+
+
+class HeldOut:
+    """Evaluates the trained policy; the NFE it spends is not counted towards the training budget."""
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        prompts: PromptSource,
+        rewards: list[tuple[str, float, Any]],
+        schedule: Schedule,
+        cfg: TrainerConfig,
+        policy: TrainedPolicy,
+        accelerator: Any,
+    ) -> None:
+        self.backbone, self.prompts, self.rewards, self.schedule = backbone, prompts, rewards, schedule
+        self.cfg, self.policy, self.accelerator = cfg, policy, accelerator
+
+    def evaluate(self, grid_file: Path | None) -> dict[str, float]:
+        """Figures keyed ``eval/...`` (``{}`` without evaluation prompts); the sample row goes to ``grid_file``."""
+        from flowrl.evaluate import evaluate
+
+        prompts = self.prompts.heldout()[: self.cfg.eval_prompts]
+        if not prompts:
+            return {}
+        self.backbone.module.eval()
+        nfe = self.backbone.nfe
+        with self.policy.inference():
+            result = evaluate(self.backbone, prompts, self.rewards, self.schedule, self.cfg.eval_seed)
+            grid = self.grid() if grid_file is not None else None
+        if grid is not None and grid_file is not None and self.accelerator.is_main_process:
+            write_grid(grid, grid_file)
+        self.backbone.nfe = nfe  # evaluation is not part of the training budget
+        return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
+
+    def grid(self) -> Grid | None:
+        """Deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts, and the prompts;
+        None where this process has no part in them (``trainer.image_every = 0``, or not the main process
+        of an unsharded run; when sharded every process takes part in the forwards)."""
+        from flowrl.evaluate import ode_images
+
+        if not self.cfg.image_every or not (self.accelerator.is_main_process or self.policy.sharded):
+            return None
+        prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
+        return ode_images(self.backbone, prompts, self.schedule, seed=0), prompts
