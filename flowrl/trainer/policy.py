@@ -121,7 +121,7 @@ class TrainedPolicy:
         return lora_state_dict(self.backbone.transformer) if self.lora else None
 
     def state(self) -> dict[str, Any]:
-        """Optimizer, LR schedule and EMA state: this process's slices when sharded (see :meth:`load_state`)."""
+        """Optimizer, LR schedule and EMA state: this process's slices when sharded (see :meth:`load`)."""
         local = to_local_tree if self.sharded else (lambda x: x)
         return {
             "optimizer": local(self.optimizer.state_dict()),
