@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from flowrl.trainer.sharding import local
+from flowrl.trainer.sharding import copy_full_into, local
 
 
 class EMA:
@@ -25,5 +25,8 @@ class EMA:
         return dict(self.shadow)
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        for name in self.shadow:  # this process's slice when sharded (the state holds slices then)
-            local(self.shadow[name]).copy_(local(state[name]))
+        for name, shadow in self.shadow.items():  # full tensors, or this process's slices of sharded ones
+            if state[name].shape == shadow.shape:
+                copy_full_into(shadow, state[name])
+            else:
+                local(shadow).copy_(state[name])

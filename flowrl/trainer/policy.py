@@ -23,7 +23,15 @@ from flowrl.trainer.checkpoint import load_weights_into
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.resume import apply_optim_settings
-from flowrl.trainer.sharding import full, gathered, load_local_optimizer_state, shard, to_local_tree, whole
+from flowrl.trainer.sharding import (
+    full,
+    gathered,
+    load_local_optimizer_state,
+    shard,
+    slice_full_optimizer_state,
+    to_local_tree,
+    whole,
+)
 from flowrl.trainer.support import install_reference
 
 
@@ -129,12 +137,16 @@ class TrainedPolicy:
             "ema": local(self.ema.state_dict()) if self.ema is not None else None,
         }
 
-    def load(self, weights: dict[str, Tensor], state: dict[str, Any], source: Path, optim: Any) -> None:
-        """Restore weights (full tensors) and :meth:`state`, then put ``optim``'s (the recipe's) learning rate
-        and Adam settings in force (a resumed run may change them)."""
+    def load(self, weights: dict[str, Tensor], state: dict[str, Any], source: Path, optim: Any, sliced: bool) -> None:
+        """Restore weights (full tensors) and :meth:`state` (``sliced``: this process's slices, as a sharded run
+        with as many processes wrote them; else full, from an unsharded run or merged from every slice), then put
+        ``optim``'s (the recipe's) learning rate and Adam settings in force (a resumed run may change them)."""
         load_weights_into(self.backbone.transformer, weights, source)
         if self.sharded:
-            load_local_optimizer_state(self.optimizer, state["optimizer"])
+            optimizer_state = state["optimizer"]
+            if not sliced:
+                optimizer_state = slice_full_optimizer_state(self.optimizer, optimizer_state)
+            load_local_optimizer_state(self.optimizer, optimizer_state)
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.lr_schedule.load_state_dict(state["lr_schedule"])

@@ -30,6 +30,7 @@ from flowrl.trainer.errors import BestMetricError, NonFiniteError
 from flowrl.trainer.heldout import Grid
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.sharding import merge_slices
 
 
 def best_figure(figures: dict[str, Any], setting: str, key: str | None = None) -> tuple[str, float]:
@@ -117,18 +118,15 @@ class RunCheckpoints:
         weights, state, extra = load_checkpoint(folder)
         if "lr_schedule" not in extra:
             raise CheckpointError(f"checkpoint {folder} holds weights only (a best checkpoint); resume from a step_*")
+        # A sharded run's optimizer and EMA state is one slice per process; another process count (or no
+        # sharding) resumes from the slices merged into full tensors.
         written = int(state.get("sharded_processes", 0))
-        here = self.accelerator.num_processes if self.policy.sharded else 0
-        if written != here:
-            was = f"{written} sharded processes" if written else "a run without sharding"
-            now = f"with {here} sharded process{'es' if here > 1 else ''}" if here else "without sharding"
-            raise CheckpointError(
-                f"checkpoint {folder} was written by {was}; it cannot resume {now} (trainer.sharding and the process"
-                " count must match the run that wrote it)"
-            )
-        if written:
+        sliced = written > 0 and self.policy.sharded and written == self.accelerator.num_processes
+        if sliced:
             extra.update(load_shard(folder, self.accelerator.process_index, written))
-        self.policy.load(weights, extra, folder, self.recipe.optim)
+        elif written:
+            extra.update(merge_slices([load_shard(folder, rank, written) for rank in range(written)]))
+        self.policy.load(weights, extra, folder, self.recipe.optim, sliced)
         set_rng_state(extra["rng"], {})
         for name, part in self.components.items():
             part.load_state_dict(extra["components"][name])

@@ -166,3 +166,34 @@ def load_local_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str
                 slots[key] = DTensor.from_local(
                     value, mesh, placements, shape=param.shape, stride=param.stride(), run_check=False
                 )
+
+
+def merge_slices(slices: list[Any]) -> Any:
+    """One full state from every process's slices (written by :func:`to_local_tree`, in process order): tensors
+    with a dimension are concatenated along dim 0, as FSDP2 split them; everything else is the first process's."""
+    first = slices[0]
+    if isinstance(first, dict):
+        return {k: merge_slices([s[k] for s in slices]) for k in first}
+    if isinstance(first, list | tuple):
+        return type(first)(merge_slices(list(parts)) for parts in zip(*slices, strict=True))
+    if isinstance(first, Tensor) and first.dim() > 0:
+        return torch.cat(slices, dim=0)
+    return first
+
+
+def slice_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """A full optimizer state (unsharded, or merged) cut to this process's slices of ``optimizer``'s sharded
+    parameters (the state of the others is left whole)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    sliced: dict[Any, Any] = {}
+    for index, slots in state["state"].items():
+        param = params[int(index)]
+        sliced[index] = {
+            key: distribute_tensor(value.to(local(param).device), param.device_mesh, param.placements).to_local()
+            if isinstance(param, DTensor) and isinstance(value, Tensor) and value.shape == param.shape
+            else value
+            for key, value in slots.items()
+        }
+    return {**state, "state": sliced}
