@@ -51,9 +51,10 @@ def write(
 
 
 def command(recipe: Path, out: str, processes: int, *extra: str) -> list[str]:
-    bin_dir = Path(sys.executable).parent
-    head = [str(bin_dir / "accelerate"), *LAUNCH, "--dynamo_backend", "no", "-m"] if processes == 2 else ["-m"]
-    head = head if processes == 2 else [sys.executable, *head]
+    if processes == 2:
+        head = [str(Path(sys.executable).parent / "accelerate"), *LAUNCH, "--dynamo_backend", "no", "-m"]
+    else:
+        head = [sys.executable, "-m"]
     return [*head, "flowrl.cli.main", "train", str(recipe), "--output-dir", out, "--quiet", *extra]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from flowrl.interfaces import Backbone, PromptSource
+from flowrl.interfaces import PromptSource
 from flowrl.settings import TrainerConfig
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
@@ -22,18 +22,16 @@ class HeldOut:
 
     def __init__(
         self,
-        backbone: Backbone,
         prompts: PromptSource,
         rewards: list[tuple[str, float, Any]],
         schedule: Schedule,
         cfg: TrainerConfig,
         policy: TrainedPolicy,
-        accelerator: Any,
     ) -> None:
-        self.backbone, self.prompts, self.rewards, self.schedule = backbone, prompts, rewards, schedule
-        self.cfg, self.policy, self.accelerator = cfg, policy, accelerator
+        self.prompts, self.rewards, self.schedule, self.cfg = prompts, rewards, schedule, cfg
+        self.policy, self.backbone, self.accelerator = policy, policy.backbone, policy.accelerator
 
-    def evaluate(self, grid_file: Path | None) -> dict[str, float]:
+    def evaluate(self, grid_file: Path) -> dict[str, float]:
         """Figures keyed ``eval/...`` (``{}`` without evaluation prompts); the sample row goes to ``grid_file``."""
         from flowrl.evaluate import evaluate
 
@@ -44,8 +42,8 @@ class HeldOut:
         nfe = self.backbone.nfe
         with self.policy.inference():
             result = evaluate(self.backbone, prompts, self.rewards, self.schedule, self.cfg.eval_seed)
-            grid = self.grid() if grid_file is not None else None
-        if grid is not None and grid_file is not None and self.accelerator.is_main_process:
+            grid = self.grid()
+        if grid is not None and self.accelerator.is_main_process:
             write_grid(grid, grid_file)
         self.backbone.nfe = nfe  # evaluation is not part of the training budget
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}

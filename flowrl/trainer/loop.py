@@ -80,12 +80,10 @@ class Trainer:
         needs = self.probes_reference or bool(getattr(self.loss_fn, "needs_reference", False))
         self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs)
         self.named_params = self.policy.named_params
-        self.reference = self.policy.reference
         parts: dict[str, Any] = {"selector": self.selector, "sampler": self.sampler}
-        self.heldout = HeldOut(self.backbone, self.prompts, self.rewards, self.eval_schedule, self.cfg, self.policy,
-                               self.accelerator)
-        self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, self.accelerator, parts, self.heldout.grid)
-        self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule, self.accelerator, self.reference)
+        self.heldout = HeldOut(self.prompts, self.rewards, self.eval_schedule, self.cfg, self.policy)
+        self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, parts, self.heldout.grid)
+        self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
         self.step = 0
         self.nfe = 0
         self.wall = 0.0
@@ -237,11 +235,12 @@ class Trainer:
         """How far the policy moved from the initial one (flowrl.trainer.drift), every ``trainer.kl_every``
         iterations and after the last."""
         every = self.cfg.kl_every
-        if not every or self.reference is no_reference or (self.step % every and not self.finished()):
+        reference = self.policy.reference
+        if not every or reference is no_reference or (self.step % every and not self.finished()):
             return {}
         self.backbone.module.eval()
         kernel, cond = self.schedule.kernel, rollout.cond
-        return policy_drift(self.backbone, kernel, self.schedule, cond, rollout.transitions, self.reference)
+        return policy_drift(self.backbone, kernel, self.schedule, cond, rollout.transitions, reference)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out figures of the current policy (flowrl.trainer.heldout), keys ``eval/...``; the sample row

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,11 +29,9 @@ class PolicyUpdate:
         policy: TrainedPolicy,
         loss_fn: Any,
         schedule: Schedule,
-        accelerator: Any,
-        reference: Callable[[], AbstractContextManager[None]],
     ) -> None:
         self.recipe, self.cfg, self.policy, self.loss_fn = recipe, recipe.trainer, policy, loss_fn
-        self.schedule, self.accelerator, self.reference = schedule, accelerator, reference
+        self.schedule, self.accelerator, self.reference = schedule, policy.accelerator, policy.reference
         self.bad_steps = 0  # non-finite iterations in a row
         self.skipped = 0  # non-finite iterations in all (kept in checkpoints)
         self.updates = 0  # optimizer steps taken since this process started the run (or resumed it)

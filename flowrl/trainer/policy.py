@@ -152,8 +152,8 @@ class TrainedPolicy:
         self.lr_schedule.load_state_dict(state["lr_schedule"])
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
-        o = optim
-        apply_optim_settings(self.optimizer, self.lr_schedule, o.lr, (o.beta1, o.beta2), o.eps, o.weight_decay)
+        betas = (optim.beta1, optim.beta2)
+        apply_optim_settings(self.optimizer, self.lr_schedule, optim.lr, betas, optim.eps, optim.weight_decay)
 
     def non_finite(self, weights: dict[str, Tensor]) -> str | None:
         """The first parameter name with a NaN or inf in ``weights`` (full tensors), or None."""

@@ -57,11 +57,10 @@ class RunCheckpoints:
         run_dir: Path,
         recipe: Recipe,
         policy: TrainedPolicy,
-        accelerator: Any,
         components: dict[str, Component],
         grid: Callable[[], Grid | None],
     ) -> None:
-        self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, accelerator
+        self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, policy.accelerator
         self.components, self.grid = components, grid
 
     def save(self, counters: dict[str, Any]) -> Path | None:

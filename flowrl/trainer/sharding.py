@@ -27,8 +27,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-SHARDINGS = ("none", "fsdp")
-
 
 def check_launch(distributed_type: str) -> None:
     """Refuse accelerate's own FSDP and DeepSpeed plugins (an accelerate config with ``distributed_type: FSDP``
@@ -60,7 +58,7 @@ def sharding_units(module: nn.Module) -> list[nn.Module]:
     for child in module.children():
         if isinstance(child, nn.ModuleList):
             units.extend(child)
-        elif not list(child.parameters(recurse=False)) and not isinstance(child, nn.ModuleList):
+        elif not list(child.parameters(recurse=False)):
             units.extend(sharding_units(child))
     return units
 
@@ -104,12 +102,6 @@ def whole(modules: Sequence[nn.Module]) -> Iterator[None]:
             unit.set_reshard_after_forward(not is_root, recurse=False)  # fully_shard's defaults
 
 
-def is_sharded(tensor: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(tensor, DTensor)
-
-
 def full(tensor: Tensor) -> Tensor:
     """The whole tensor (gathered from every process when sharded: a collective)."""
     from torch.distributed.tensor import DTensor
@@ -129,15 +121,20 @@ def gathered(named: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
     return {name: full(t.detach()).contiguous().cpu() for name, t in named}
 
 
+def local_part(like: Any, value: Tensor) -> Tensor:
+    """This process's slice of the full tensor ``value``, cut as the sharded tensor ``like`` is cut (on its device)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(value.to(like.to_local().device), like.device_mesh, like.placements).to_local()
+
+
 @torch.no_grad()
 def copy_full_into(target: Tensor, value: Tensor) -> None:
     """Copy a full tensor into ``target``, keeping only this process's slice when ``target`` is sharded."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     if isinstance(target, DTensor):
-        mine = target.to_local()
-        part = distribute_tensor(value.to(mine.device, mine.dtype), target.device_mesh, target.placements)
-        mine.copy_(part.to_local())
+        target.to_local().copy_(local_part(target, value))
     else:
         target.copy_(value)
 
@@ -184,14 +181,14 @@ def merge_slices(slices: list[Any]) -> Any:
 def slice_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
     """A full optimizer state (unsharded, or merged) cut to this process's slices of ``optimizer``'s sharded
     parameters (the state of the others is left whole)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    from torch.distributed.tensor import DTensor
 
     params = [p for group in optimizer.param_groups for p in group["params"]]
     sliced: dict[Any, Any] = {}
     for index, slots in state["state"].items():
         param = params[int(index)]
         sliced[index] = {
-            key: distribute_tensor(value.to(local(param).device), param.device_mesh, param.placements).to_local()
+            key: local_part(param, value)
             if isinstance(param, DTensor) and isinstance(value, Tensor) and value.shape == param.shape
             else value
             for key, value in slots.items()
