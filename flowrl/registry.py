@@ -18,6 +18,8 @@ import attrs
 
 KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts")
 PLUGIN_GROUP = "flowrl.plugins"
+BUILTINS = "builtins"  # the entry point naming flowrl's own parts (pyproject.toml)
+BUILTINS_MODULE = "flowrl.components"
 
 if TYPE_CHECKING:
     from flowrl.interfaces import Component
@@ -114,25 +116,24 @@ _plugins_loaded = False
 
 
 def load_plugins() -> None:
-    """Import every module named in the ``flowrl.plugins`` entry-point group (the zoo and third parties)."""
+    """Import every module named in the ``flowrl.plugins`` entry-point group: flowrl's own parts
+    (``builtins``) first, then the zoo and third parties."""
     global _plugins_loaded
     if _plugins_loaded:
         return
     _plugins_loaded = True
-    _import_builtins()
+    points = sorted(entry_points(group=PLUGIN_GROUP), key=lambda point: point.name != BUILTINS)
+    if not any(point.name == BUILTINS for point in points):
+        # Run from a source tree without installing it (or with metadata older than this entry point).
+        importlib.import_module(BUILTINS_MODULE)
     failed = []
-    for point in entry_points(group=PLUGIN_GROUP):
+    for point in points:
         try:
             point.load()
         except Exception as error:  # one broken plugin must not hide the others
             failed.append(f"plugin '{point.name}' ({point.value}) failed to import: {type(error).__name__}: {error}")
     if failed:
         raise RegistryError("; ".join(failed))
-
-
-def _import_builtins() -> None:
-    # The core's own components register themselves on import.
-    importlib.import_module("flowrl.components")
 
 
 _REGISTRIES: dict[str, Registry] = {}

@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT, tiny_recipe
 
 from flowrl.bench import BenchError
-from flowrl.bench.report import FINAL_EVAL, build_results, interp, write_report, x_to_reach
+from flowrl.bench.curve import interp, x_to_reach
+from flowrl.bench.report import FINAL_EVAL, build_results, write_report
 from flowrl.bench.run import bench_overrides, parse_seeds
 from flowrl.cli.main import main as flowrl_main
 

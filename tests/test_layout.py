@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -61,3 +63,56 @@ def test_validating_a_recipe_imports_no_model_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The flowrl modules ``module`` imports anywhere in its body (``if TYPE_CHECKING:`` blocks aside)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for n in ast.walk(statement)
+    }
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + [node.module or ""]) if node.level else node.module
+            base = (base or "").strip(".")
+            submodules = {f"{base}.{a.name}" for a in node.names} & modules
+            found |= submodules
+            if base in modules and len(submodules) < len(node.names):
+                found.add(base)
+    return found - {module}
+
+
+def test_no_import_cycle_among_core_modules() -> None:
+    """Function-local imports count too: a cycle hidden in a function is still two files that need each other."""
+    paths = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (ROOT / "flowrl").rglob("*.py")
+    }
+    graph = {m: _imports(p, m, set(paths)) for m, p in paths.items()}
+    assert sum(map(len, graph.values())) > 100  # the walk saw the imports
+    cycles = []
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        for dep in sorted(graph[module]):
+            if dep in path:
+                cycles.append(" -> ".join([*path[path.index(dep) :], dep]))
+            elif dep not in done:
+                visit(dep, [*path, dep])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "import cycles among flowrl modules:\n" + "\n".join(sorted(set(cycles))[:10])

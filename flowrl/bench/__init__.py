@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-class BenchError(Exception):
-    """A mistake in the bench's input (seeds, budget, reference, metric, run folders): one line, exit 2."""
+from flowrl.bench.errors import BenchError
 
 
 def __getattr__(name: str) -> Any:

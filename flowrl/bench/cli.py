@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from flowrl.bench import BenchError
+    from flowrl.bench.errors import BenchError
 
     try:
         return _run(args)
@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from flowrl.bench import BenchError
+    from flowrl.bench.errors import BenchError
     from flowrl.bench.report import markdown
     from flowrl.bench.run import parse_seeds, run_bench
 

@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flowrl.bench.curve import mean_curve, x_to_reach
 from flowrl.bench.stats import bootstrap, welch
 
 SIGNIFICANCE = 0.05  # two-sided level at which a pairwise difference is flagged
@@ -47,8 +48,6 @@ def pairwise(methods: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def _reach(curves: Sequence[Mapping[str, Any]], level: float) -> float | None:
     """NFE at which the mean curve of ``curves`` first reaches ``level`` (``None``: never)."""
-    from flowrl.bench.report import mean_curve, x_to_reach
-
     return x_to_reach(mean_curve([(c["nfe"], c["score"]) for c in curves]), level)
 
 

@@ -3,28 +3,25 @@
 :func:`write_report` is a pure function of the run folders (``metrics.jsonl``, plus the harness's
 ``final_eval.json`` when present), so it can be re-run on finished runs and tested on synthetic files.
 
-Curves are the held-out metric at each evaluation, against cumulative rollout NFE and training wall time.
-A method's mean curve is taken on the union of its seeds' x values, each seed interpolated linearly
-between its evaluations and held at its first / last value outside them.
+Curves are the held-out metric at each evaluation, against cumulative rollout NFE and training wall time
+(:mod:`~flowrl.bench.curve` averages them over seeds).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrl.bench import BenchError
 from flowrl.bench.compare import SIGNIFICANCE, pairwise, reach_levels, reach_ratios
-from flowrl.bench.stats import standard_error
+from flowrl.bench.curve import finite_number, mean_curve, stats, x_to_reach
+from flowrl.bench.errors import BenchError
 
 DEFAULT_METRIC = "eval/score"
 FINAL_EVAL = "final_eval.json"  # the harness's evaluation after the last iteration (a run folder file)
 SCHEMA = 1
-_TOLERANCE = 1e-12
 
 
 # -- reading a run folder ----------------------------------------------------------------------
@@ -63,12 +60,6 @@ def eval_points(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> list[dict[s
     return points
 
 
-def finite_number(value: Any) -> float | None:
-    """``value`` as a float if it is a finite int or float (not a bool), else ``None``."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
-
-
 def _eval_keys(points: Sequence[Mapping[str, Any]]) -> list[str]:
     keys: dict[str, None] = {}
     for point in points:
@@ -95,54 +86,6 @@ def resolve_metric(requested: str | None, points: Mapping[str, Sequence[Mapping[
         if all(key in found for found in keys.values()):
             return key
     raise BenchError(f"the runs share no held-out metric (first run logged: {', '.join(first)}); pass --metric")
-
-
-# -- curves and statistics ---------------------------------------------------------------------
-def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Piecewise-linear ``y(x)``, held at the end values outside ``[xs[0], xs[-1]]``."""
-    if x <= xs[0]:
-        return ys[0]
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-            return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[-1]
-
-
-def stats(values: Sequence[float]) -> dict[str, Any]:
-    """n, mean, sample standard deviation and standard error (``None`` below two values), min and max."""
-    return {
-        "n": len(values),
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else None,
-        "se": standard_error(values),
-        "min": min(values),
-        "max": max(values),
-    }
-
-
-def mean_curve(curves: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict[str, list[Any]]:
-    """Mean, std, min and max over seeds on the union of the seeds' x values."""
-    grid = sorted({x for xs, _ in curves for x in xs})
-    out: dict[str, list[Any]] = {"x": grid, "mean": [], "std": [], "min": [], "max": []}
-    for x in grid:
-        s = stats([interp(x, xs, ys) for xs, ys in curves])
-        for key in ("mean", "std", "min", "max"):
-            out[key].append(s[key])
-    return out
-
-
-def x_to_reach(curve: Mapping[str, Sequence[float]], target: float) -> float | None:
-    """First x where the mean curve reaches ``target`` (linear between points); ``None`` if it never does."""
-    xs, ys = curve["x"], curve["mean"]
-    tol = _TOLERANCE * max(1.0, abs(target))
-    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        if y >= target - tol:
-            if i == 0 or y <= ys[i - 1]:
-                return float(x)
-            x0, y0 = xs[i - 1], ys[i - 1]
-            return float(min(x, x0 + (x - x0) * (target - y0) / (y - y0)))
-    return None
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:

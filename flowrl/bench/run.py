@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrl.bench import BenchError
+from flowrl.bench.errors import BenchError
 from flowrl.bench.report import FINAL_EVAL, write_report
 from flowrl.recipe import Recipe, RecipeError, load_recipe
 
