@@ -4,6 +4,7 @@ Public API: :func:`build`, :func:`available`, :func:`load_recipe`, :func:`regist
 the batch types.
 """
 
+from flowrl.extras import Extra, PerRollout, RolloutIds
 from flowrl.interfaces import (
     AdvantageEstimator,
     Backbone,
@@ -42,9 +43,11 @@ __all__ = [
     "Backbone",
     "Component",
     "Conditioning",
+    "Extra",
     "ForwardProcessLoss",
     "Loss",
     "LossInputs",
+    "PerRollout",
     "Plan",
     "PlanError",
     "PolicyLoss",
@@ -54,6 +57,7 @@ __all__ = [
     "RewardBatch",
     "RewardModel",
     "Rollout",
+    "RolloutIds",
     "RolloutSampler",
     "Schedule",
     "StepOutput",

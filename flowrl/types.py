@@ -1,7 +1,8 @@
 """The typed batches that flow between parts: a plan, a rollout, rewards, advantages.
 
-Components see data only through these objects. A component that needs more data adds an optional
-field here and declares that it needs it; the trainer never inspects a component's name.
+Components see data only through these objects. A method that needs more data than these fields carries
+it in ``Rollout.extras`` with its own gather rule (:mod:`flowrl.extras`); the trainer never inspects a
+component's name and a new method needs no field here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 import attrs
 import torch
 from torch import Tensor
+
+from flowrl.extras import Extra
 
 
 @attrs.frozen
@@ -136,8 +139,9 @@ class Transitions:
     rollout_index: Tensor  # (T,) long: whose advantage trains this transition
     unit_index: Tensor  # (T,) long: index into Plan.units
     weight: Tensor  # (T,) per-transition loss weight (1 unless a method weights steps)
-    # (T,) long, optional: the tree node (Rollout.tree) this transition lands on. When set, the transition is
-    # trained with that node's advantage (Advantages.nodes) instead of a rollout's (tree samplers).
+    # (T,) long, optional: the node this transition lands on, for samplers whose rollouts share nodes (a tree,
+    # described in Rollout.extras). When set, the transition is trained with that node's advantage
+    # (Advantages.nodes) instead of a rollout's.
     node_index: Tensor | None = None
 
     def __len__(self) -> int:
@@ -175,32 +179,13 @@ class Transitions:
 
 
 @attrs.define
-class Tree:
-    """Rollout trees (BranchGRPO): one tree per prompt, nodes numbered level by level.
-
-    A root is a prompt's initial latent (depth 0, parent -1); every stochastic split makes ``factor`` children
-    of each current node (depth + 1). ``log_prob`` is the old log-density of the edge parent -> node (0 at a
-    root); ``leaf[r]`` is the node rollout ``r`` ends at. Node ids index ``Advantages.nodes`` and
-    ``Transitions.node_index``.
-    """
-
-    parent: Tensor  # (M,) long, -1 for a root
-    depth: Tensor  # (M,) long
-    tree: Tensor  # (M,) long: the tree (prompt row) a node belongs to
-    log_prob: Tensor  # (M,) fp32
-    leaf: Tensor  # (R,) long
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.parent.shape[0])
-
-
-@attrs.define
 class Rollout:
     """A batch of generated images with the structure the estimator and the loss need.
 
     ``group[r]`` names the set of rollouts that rollout ``r`` is normalised against (a prompt for
     independent sampling, a (prompt, unit) pair for E-GRPO). ``nfe`` counts transformer evaluations.
+    ``extras`` holds a method's own data by name, each value declaring how processes' pieces join
+    (:mod:`flowrl.extras`): the estimator of a multi-process run sees them gathered like the rest.
     """
 
     prompts: list[str]  # P distinct prompts
@@ -210,9 +195,8 @@ class Rollout:
     group: Tensor  # (R,) long
     transitions: Transitions
     nfe: int
-    rollout_unit: Tensor | None = None  # (R,) long: the unit a rollout explored (branching samplers)
     final_latents: Tensor | None = None  # (R, *latent): clean latents x0 (forward-process losses need them)
-    tree: Tree | None = None  # the node structure of tree samplers (BranchGRPO); None for flat groups
+    extras: dict[str, Extra] = attrs.field(factory=dict)
 
     @property
     def num_rollouts(self) -> int:
@@ -238,13 +222,14 @@ class RewardBatch:
 class Advantages:
     """One advantage per rollout, plus the per-reward advantages for logging.
 
-    Tree estimators also give one advantage per node of ``Rollout.tree`` in ``nodes``; transitions that carry
-    a ``node_index`` are trained with ``nodes[node_index]`` (see :func:`transition_advantages`).
+    Estimators of samplers whose rollouts share nodes (a tree) also give one advantage per node in ``nodes``;
+    transitions that carry a ``node_index`` are trained with ``nodes[node_index]`` (see
+    :func:`transition_advantages`). With several processes every process must hold the same number of nodes.
     """
 
     values: Tensor  # (R,)
     per_reward: dict[str, Tensor] = attrs.field(factory=dict)
-    nodes: Tensor | None = None  # (M,) per-node advantages (tree estimators)
+    nodes: Tensor | None = None  # (M,) per-node advantages (node-sharing samplers' estimators)
 
 
 def transition_advantages(transitions: Transitions, values: Tensor, nodes: Tensor | None = None) -> Tensor:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import ROOT, tiny_recipe
 from flowrl_zoo.branch_grpo import analytic_nfe, depthwise_normalize, node_rewards, width_prune
+from flowrl_zoo.branch_grpo.tree import Tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ from flowrl.rng import RolloutRNG
 from flowrl.trainer import Trainer
 from flowrl.trainer.distributed import global_advantages
 from flowrl.trainer.update import transition_losses
-from flowrl.types import Advantages, LossInputs, Plan, RewardBatch, Rollout, Schedule, Tree, Unit, transition_advantages
+from flowrl.types import Advantages, LossInputs, Plan, RewardBatch, Rollout, Schedule, Unit, transition_advantages
 
 TINY = {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1}
 
@@ -80,8 +81,8 @@ def test_merged_split_formula() -> None:
 
 def test_tree_structure_and_shared_inputs() -> None:
     rollout, _, _ = sample([0, 2], 4, factor=2, prompts=2)
-    tree, t = rollout.tree, rollout.transitions
-    assert tree is not None and t.node_index is not None
+    tree, t = rollout.extras["tree"], rollout.transitions
+    assert isinstance(tree, Tree) and t.node_index is not None
     # 2 roots, 4 depth-1 nodes, 8 leaves; leaves are the rollouts.
     assert tree.depth.tolist() == [0] * 2 + [1] * 4 + [2] * 8
     assert torch.equal(tree.leaf, torch.arange(6, 14)) and torch.equal(tree.tree[tree.leaf], rollout.rollout_prompt)
@@ -209,8 +210,8 @@ def test_each_edge_is_trained_with_its_child_nodes_advantage() -> None:
         {"r": torch.randn(rollout.num_rollouts, generator=torch.Generator().manual_seed(3))}, {"r": 1}
     )
     adv = flowrl.build("advantage", {"type": "branch_depthwise"})(rewards, rollout)
-    tree, t = rollout.tree, rollout.transitions
-    assert tree is not None and adv.nodes is not None and t.node_index is not None
+    tree, t = rollout.extras["tree"], rollout.transitions
+    assert isinstance(tree, Tree) and adv.nodes is not None and t.node_index is not None
     torch.testing.assert_close(adv.values, adv.nodes[tree.leaf])
     seen: list[torch.Tensor] = []
 
@@ -233,7 +234,7 @@ def test_each_edge_is_trained_with_its_child_nodes_advantage() -> None:
     with pytest.raises(ValueError, match="per-node advantages"):
         transition_advantages(t, adv.values, None)
     with pytest.raises(ValueError, match="needs a rollout tree"):
-        flowrl.build("advantage", {"type": "branch_depthwise"})(rewards, attrs.evolve(rollout, tree=None))
+        flowrl.build("advantage", {"type": "branch_depthwise"})(rewards, attrs.evolve(rollout, extras={}))
 
 
 class FakeAccelerator:
@@ -274,8 +275,8 @@ def test_tree_survives_the_gathered_view_of_two_processes() -> None:
     assert results[0] is not None and results[1] is not None
     torch.testing.assert_close(torch.cat([r.values for r in results]), alone.values)  # type: ignore[union-attr]
     assert alone.nodes is not None
-    tree = both.tree
-    assert tree is not None
+    tree = both.extras["tree"]
+    assert isinstance(tree, Tree)
     for rank, res in enumerate(results):  # a process holds its own tree's nodes: root, 2 at depth 1, 4 leaves
         assert res is not None and res.nodes is not None
         torch.testing.assert_close(res.nodes, alone.nodes[tree.tree == rank])

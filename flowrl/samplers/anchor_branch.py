@@ -15,6 +15,7 @@ import attrs
 import torch
 from attrs.validators import ge, gt
 
+from flowrl.extras import PerRollout
 from flowrl.interfaces import Backbone, RolloutSampler
 from flowrl.registry import register
 from flowrl.rng import RolloutRNG
@@ -79,8 +80,8 @@ class AnchorBranchSampler(RolloutSampler):
             group=rollout_unit * p + rollout_prompt,
             transitions=Transitions.concat(parts),
             nfe=backbone.nfe - nfe0,
-            rollout_unit=rollout_unit,
             final_latents=final,
+            extras={"unit": PerRollout(rollout_unit)},  # the plan unit each rollout explored
         )
 
 

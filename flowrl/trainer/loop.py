@@ -80,7 +80,10 @@ class Trainer:
         needs = self.probes_reference or bool(getattr(self.loss_fn, "needs_reference", False))
         self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs)
         self.named_params = self.policy.named_params
-        parts: dict[str, Any] = {"selector": self.selector, "sampler": self.sampler}
+        # Every part's state_dict is checkpointed (a stateful estimator or reward resumes like a selector).
+        parts: dict[str, Any] = {"selector": self.selector, "sampler": self.sampler, "kernel": kernel,
+                                 "advantage": self.estimator, "loss": self.loss_fn, "prompts": self.prompts}
+        parts.update({f"reward/{name}": model for name, _, model in self.rewards})
         self.heldout = HeldOut(self.prompts, self.rewards, self.eval_schedule, self.cfg, self.policy)
         self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, parts, self.heldout.grid)
         self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)

@@ -1,8 +1,8 @@
 """A run's checkpoints: the periodic ``checkpoints/step_N`` folders, ``checkpoints/best``, and resuming.
 
 A step checkpoint holds the trained weights (full tensors, also when sharded), the LoRA export, the optimizer,
-LR schedule and EMA state (one slice per process when sharded), the RNG states, the selector's and sampler's
-state, the loop's counters, the recipe and a row of sample images. ``best`` holds weights only.
+LR schedule and EMA state (one slice per process when sharded), the RNG states, every part's
+state (``state_dict``), the loop's counters, the recipe and a row of sample images. ``best`` holds weights only.
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ class RunCheckpoints:
         self.policy.load(weights, extra, folder, self.recipe.optim, sliced)
         set_rng_state(extra["rng"], {})
         for name, part in self.components.items():
-            part.load_state_dict(extra["components"][name])
+            if name in extra["components"]:  # checkpoints before every part's state was saved lack some
+                part.load_state_dict(extra["components"][name])
         best = state.get("best_value")
         return {
             "step": state["step"],

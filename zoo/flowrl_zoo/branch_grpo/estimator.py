@@ -18,7 +18,7 @@ from torch import Tensor
 
 from flowrl import AdvantageEstimator, Advantages, RewardBatch, Rollout, register
 from flowrl.advantages import group_normalize
-from flowrl.types import Tree
+from flowrl_zoo.branch_grpo.tree import TREE, Tree
 
 
 def node_rewards(tree: Tree, rewards: Tensor, mode: str = "leaf_mean") -> Tensor:
@@ -118,9 +118,11 @@ class DepthwiseAdvantage(AdvantageEstimator):
         return depthwise_normalize(tree, values, eps=c.eps, unbiased=c.unbiased, clip=clip)
 
     def __call__(self, rewards: RewardBatch, rollout: Rollout) -> Advantages:
-        tree = rollout.tree
-        if tree is None:
-            raise ValueError("branch_depthwise needs a rollout tree (Rollout.tree); use the 'branch_tree' sampler")
+        tree = rollout.extras.get(TREE)
+        if not isinstance(tree, Tree):
+            raise ValueError(
+                "branch_depthwise needs a rollout tree (Rollout.extras['tree']); use the 'branch_tree' sampler"
+            )
         c = self.config
         per_node = {k: self._advantages(tree, v, None) for k, v in rewards.scores.items()}
         if c.multi_reward == "sum_then_normalize":

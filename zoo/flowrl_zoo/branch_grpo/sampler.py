@@ -16,7 +16,7 @@ from attrs.validators import ge, gt
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, Transitions, register
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import empty_transitions
-from flowrl.types import Tree
+from flowrl_zoo.branch_grpo.tree import TREE, Tree
 
 
 def analytic_nfe(num_steps: int, units: list[tuple[int, int]], factor: int) -> int:
@@ -144,7 +144,7 @@ class BranchTreeSampler(RolloutSampler):
             transitions=Transitions.concat(parts) if parts else empty_transitions(),
             nfe=backbone.nfe - nfe0,
             final_latents=x,
-            tree=nodes,
+            extras={TREE: nodes},
         )
 
 
