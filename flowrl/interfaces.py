@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -120,14 +120,18 @@ class TimestepSelector(Component, ABC):
 class Backbone(Component, ABC):
     """A flow-matching text-to-image model behind one small interface (velocity in, images out).
 
-    ``nfe`` counts transformer evaluations (one per latent row per call of :meth:`velocity`); ``module`` is
-    the callable transformer (the trainer may replace it with a distributed wrapper).
+    ``nfe`` counts transformer evaluations (one per row the transformer runs: one per latent per call of
+    :meth:`velocity`, two for a guided model); ``module`` is the callable transformer. The trainer changes
+    them only through methods: :meth:`use_module` (its distributed wrapper), :meth:`module_swapped` (a
+    frozen reference copy), :meth:`set_reference` and :meth:`uncounted` (evaluation is not part of the
+    training budget).
     """
 
     nfe: int = 0
     device: torch.device = torch.device("cpu")
     forward_s: float = 0.0  # seconds spent in transformer forwards (for the time-outside-the-model share)
     module: nn.Module  # what velocity() calls: the transformer, or the trainer's distributed wrapper of it
+    _reference: Callable[[], AbstractContextManager[None]] | None = None
 
     def to(self, device: torch.device) -> Backbone:
         """Move the model to ``device`` (adapters move their whole pipeline)."""
@@ -171,7 +175,38 @@ class Backbone(Component, ABC):
 
     def reference_policy(self) -> AbstractContextManager[None]:
         """Inside this context the backbone evaluates the base (initial) policy; the trainer installs it."""
-        raise NotImplementedError("no reference policy is installed (the trainer provides one)")
+        if self._reference is None:
+            raise NotImplementedError("no reference policy is installed (the trainer provides one)")
+        return self._reference()
+
+    def set_reference(self, factory: Callable[[], AbstractContextManager[None]]) -> None:
+        """Install the reference policy: ``factory()`` is a context inside which :meth:`velocity` evaluates the
+        base policy (LoRA switched off, or a frozen copy swapped in). An untrained model may pass
+        ``contextlib.nullcontext``: it is its own reference."""
+        self._reference = factory
+
+    def use_module(self, module: nn.Module) -> None:
+        """From now on :meth:`velocity` calls ``module`` (a distributed wrapper of :attr:`transformer`)."""
+        self.module = module
+
+    @contextmanager
+    def module_swapped(self, module: nn.Module) -> Iterator[None]:
+        """Inside this context :meth:`velocity` calls ``module`` instead (a frozen copy of the base policy)."""
+        saved = self.module
+        self.module = module
+        try:
+            yield
+        finally:
+            self.module = saved
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Transformer evaluations inside this context are not added to :attr:`nfe` (evaluation, previews)."""
+        saved = self.nfe
+        try:
+            yield
+        finally:
+            self.nfe = saved
 
     def schedule_sigmas(self, num_steps: int, shift: float) -> tuple[float, ...]:
         """The sampling grid; the shifted flow-matching schedule unless a backbone needs another."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -164,16 +163,6 @@ def test_observe_probes_one_trajectory_per_prompt(tiny: object) -> None:
 
 
 # -- allocating sampler --------------------------------------------------------------------------------
-@contextmanager
-def swapped_module(backbone: object, module: object):  # type: ignore[no-untyped-def]
-    saved = backbone.module  # type: ignore[attr-defined]
-    backbone.module = module  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        backbone.module = saved  # type: ignore[attr-defined]
-
-
 def test_allocation_follows_delta_entropy(tiny: object, monkeypatch: pytest.MonkeyPatch) -> None:
     schedule = Schedule(tiny.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "dance_grpo_sde"}))  # type: ignore[attr-defined]
     spec = {"type": "aegpo_allocate", "host": {"type": "independent", "group_size": 4, "num_steps": 4}, "max_group": 8}
@@ -181,7 +170,7 @@ def test_allocation_follows_delta_entropy(tiny: object, monkeypatch: pytest.Monk
     prompts = ["a red circle", "two blue squares", "a cat"]
     plan = Plan(units=(), trained=())
     # Reference = the current policy: ΔEntropy is 0, every prompt gets G.
-    monkeypatch.setattr(tiny, "reference_policy", lambda: swapped_module(tiny, tiny.module), raising=False)
+    tiny.set_reference(lambda: tiny.module_swapped(tiny.module))  # type: ignore[attr-defined]
     with torch.no_grad():
         out = sampler.rollout(tiny, prompts, plan, schedule, RolloutRNG(0, 0, [0, 1, 2]))
     assert out.rollout_prompt.bincount().tolist() == [4, 4, 4]
@@ -190,7 +179,7 @@ def test_allocation_follows_delta_entropy(tiny: object, monkeypatch: pytest.Monk
     other = flowrl.build(
         "backbone", {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1, "seed": 3}
     )
-    monkeypatch.setattr(tiny, "reference_policy", lambda: swapped_module(tiny, other.module), raising=False)
+    tiny.set_reference(lambda: tiny.module_swapped(other.module))  # type: ignore[attr-defined]
     sampler = flowrl.build("sampler", spec)
     nfe = tiny.nfe  # type: ignore[attr-defined]
     with torch.no_grad():

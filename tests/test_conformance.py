@@ -1,5 +1,6 @@
 """Every selector, sampler and kernel of every shipped recipe (embedded and paper-scale, core and zoo) keeps
-its interface's rules (flowrl.conformance), run on the tiny FLUX model; and the checks can fail."""
+its interface's rules (flowrl.conformance), run on the tiny FLUX model; and the checks can fail. Estimators and
+losses: tests/test_conformance_parts.py; rewards and backbones: tests/test_conformance_models.py."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ PROMPTS = ["a red circle", "two blue squares"]
 def tiny() -> Any:
     settings = {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1}
     backbone = flowrl.build("backbone", settings)
-    backbone.reference_policy = contextlib.nullcontext  # untrained: the policy is its own reference (AEGPO probes)
+    backbone.set_reference(contextlib.nullcontext)  # untrained: the policy is its own reference (AEGPO probes)
     return backbone
 
 
@@ -58,9 +59,21 @@ EXTRA_KERNELS = {"cps": {"noise_level": 0.7}, "ode": {}}
 
 
 def test_every_registered_part_is_checked() -> None:
-    for kind, extra in (("selector", EXTRA_SELECTORS), ("sampler", {}), ("kernel", EXTRA_KERNELS)):
+    from test_conformance_models import BACKBONES, REWARDS
+    from test_conformance_parts import EXTRA_LOSSES
+
+    for kind, extra in (
+        ("selector", EXTRA_SELECTORS),
+        ("sampler", {}),
+        ("kernel", EXTRA_KERNELS),
+        ("advantage", {}),
+        ("loss", EXTRA_LOSSES),
+    ):
         used = {load_recipe(p).parts[kind].type for p in RECIPES} | set(extra)
         assert set(registry(kind).names()) <= used, f"{kind}: {set(registry(kind).names()) - used} unchecked"
+    # rewards and backbones: every registered one, on local tiny weights (tests/test_conformance_models.py)
+    assert set(registry("reward").names()) <= set(REWARDS), set(registry("reward").names()) - set(REWARDS)
+    assert set(registry("backbone").names()) <= set(BACKBONES), set(registry("backbone").names()) - set(BACKBONES)
 
 
 @pytest.mark.parametrize("kind", ["selector", "kernel"])

@@ -16,7 +16,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from flowrl.extras import unique_ids
+from flowrl.extras import Gather, unique_ids
 from flowrl.interfaces import AdvantageEstimator
 from flowrl.types import Advantages, RewardBatch, Rollout
 
@@ -39,16 +39,8 @@ def global_advantages(
     def every(value: Tensor) -> Tensor:
         return gather(accelerator, value)
 
-    view = attrs.evolve(
-        rollout,
-        group=unique_ids(every, rollout.group, n),
-        rollout_prompt=unique_ids(every, rollout.rollout_prompt, n),
-        images=torch.empty((n * r, 0)),
-        # Sorted: every process makes the same collective calls in the same order.
-        extras={name: rollout.extras[name].gathered(every, n) for name in sorted(rollout.extras)},
-    )
     scores = {k: every(v) for k, v in rewards.scores.items()}
-    full = estimator(RewardBatch(scores, rewards.weights), view)
+    full = estimator(RewardBatch(scores, rewards.weights), global_view(rollout, every, n))
     mine = slice(rank * r, (rank + 1) * r)
     nodes = None
     if full.nodes is not None:
@@ -56,6 +48,19 @@ def global_advantages(
         nodes = full.nodes[rank * m : (rank + 1) * m]
     per_reward = {k: v[mine] for k, v in full.per_reward.items()}
     return Advantages(values=full.values[mine], per_reward=per_reward, nodes=nodes)
+
+
+def global_view(rollout: Rollout, gather: Gather, processes: int) -> Rollout:
+    """What the estimator sees of every process's rollouts: group and prompt ids made unique across processes,
+    extras joined by their own rules, no images (the estimator does not read them)."""
+    return attrs.evolve(
+        rollout,
+        group=unique_ids(gather, rollout.group, processes),
+        rollout_prompt=unique_ids(gather, rollout.rollout_prompt, processes),
+        images=torch.empty((processes * rollout.num_rollouts, 0)),
+        # Sorted: every process makes the same collective calls in the same order.
+        extras={name: rollout.extras[name].gathered(gather, processes) for name in sorted(rollout.extras)},
+    )
 
 
 def reduce_metrics(accelerator: Any, metrics: dict[str, Any], summed: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -39,13 +39,11 @@ class HeldOut:
         if not prompts:
             return {}
         self.backbone.module.eval()
-        nfe = self.backbone.nfe
-        with self.policy.inference():
+        with self.policy.inference(), self.backbone.uncounted():  # evaluation is not part of the training budget
             result = evaluate(self.backbone, prompts, self.rewards, self.schedule, self.cfg.eval_seed)
             grid = self.grid()
         if grid is not None and self.accelerator.is_main_process:
             write_grid(grid, grid_file)
-        self.backbone.nfe = nfe  # evaluation is not part of the training budget
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
     def grid(self) -> Grid | None:

@@ -79,7 +79,7 @@ class TrainedPolicy:
             self.optimizer: Any = optimizer
         else:
             module, self.optimizer = accelerator.prepare(transformer, optimizer)
-        backbone.module = module
+        backbone.use_module(module)
         self.ema = EMA(self.named_params, cfg.ema_decay) if cfg.ema_decay > 0 else None
         if not self.sharded:
             self.reference = install_reference(backbone, self.lora, needed)

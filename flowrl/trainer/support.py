@@ -86,20 +86,6 @@ def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
     return ref
 
 
-class _swapped(AbstractContextManager[None]):
-    """Context manager: the backbone evaluates ``module`` instead of its trained transformer."""
-
-    def __init__(self, backbone: Backbone, module: torch.nn.Module) -> None:
-        self.backbone, self.module = backbone, module
-
-    def __enter__(self) -> None:
-        self.saved = self.backbone.module
-        self.backbone.module = self.module
-
-    def __exit__(self, *exc: object) -> None:
-        self.backbone.module = self.saved
-
-
 def install_reference(
     backbone: Backbone,
     lora: bool,
@@ -115,8 +101,8 @@ def install_reference(
         factory: Callable[[], AbstractContextManager[None]] = lambda: adapters_disabled(transformer)  # noqa: E731
     elif needed:
         frozen = prepare(_frozen_copy(transformer))
-        factory = lambda: _swapped(backbone, frozen)  # noqa: E731
+        factory = lambda: backbone.module_swapped(frozen)  # noqa: E731
     else:
         return no_reference
-    backbone.reference_policy = factory  # type: ignore[method-assign]
+    backbone.set_reference(factory)
     return factory

@@ -1,35 +1,16 @@
-"""Conformance checks: the rules every timestep selector, rollout sampler and transition kernel must keep,
-whatever its method. The trainer relies on them without checking each part's internals.
-
-A plugin author runs them on a new part in an ordinary test::
-
-    from flowrl.conformance import check_selector, check_sampler, check_kernel
-    check_selector(lambda: MySelector(MySelector.Config(k=2)), schedule)
-
-Each check raises :class:`ConformanceError` naming the rule that was broken; flowrl's own test suite runs
-them over every registered part with the settings of every shipped recipe (tests/test_conformance.py).
-Parts are passed as factories (a callable returning a fresh instance) where a rule compares two instances.
-"""
+"""Conformance of the parts that shape a rollout: timestep selectors, rollout samplers, transition kernels."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 
+from flowrl.conformance.common import ConformanceError, counting_rows
+from flowrl.conformance.common import require as _require
 from flowrl.interfaces import Backbone, RolloutSampler, TimestepSelector, TransitionKernel
 from flowrl.rng import RolloutRNG
 from flowrl.types import Plan, PlanError, Rollout, Schedule
-
-
-class ConformanceError(AssertionError):
-    """A part broke one of its interface's rules (the message names the part and the rule)."""
-
-
-def _require(condition: bool, part: object, rule: str) -> None:
-    if not condition:
-        raise ConformanceError(f"{type(part).__name__}: {rule}")
 
 
 # -- selectors -----------------------------------------------------------------------------------
@@ -78,25 +59,6 @@ def check_selector(
 
 
 # -- samplers ------------------------------------------------------------------------------------
-class _CountingBackbone:
-    """Counts the latent rows of every ``velocity`` call of the backbone it wraps (patched in place)."""
-
-    def __init__(self, backbone: Backbone) -> None:
-        self.backbone, self.rows = backbone, 0
-        self._velocity = backbone.velocity
-
-    def __enter__(self) -> _CountingBackbone:
-        def counted(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            self.rows += int(x.shape[0])
-            return self._velocity(x, *args, **kwargs)
-
-        self.backbone.velocity = counted  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        del self.backbone.velocity
-
-
 def check_sampler(
     make: Callable[[], RolloutSampler], backbone: Backbone, schedule: Schedule, plan: Plan, prompts: Sequence[str]
 ) -> Rollout:
@@ -108,7 +70,7 @@ def check_sampler(
     prompts = list(prompts)
     rows = range(len(prompts))
     nfe0 = backbone.nfe
-    with torch.no_grad(), _CountingBackbone(backbone) as counter:
+    with torch.no_grad(), counting_rows(backbone.module) as counter:
         rollout = sampler.rollout(backbone, prompts, plan, schedule, RolloutRNG(0, 0, rows))
     name = type(sampler).__name__
     images, r = rollout.images, rollout.num_rollouts
@@ -130,10 +92,10 @@ def check_sampler(
         _require(bool(torch.isfinite(t.log_prob).all()), sampler, "old log-densities must be finite")
         same = len(t.s_next) == len(t) == len(t.x_next) == len(t.weight)
         _require(same, sampler, "transition fields differ in length")
-    _require(rollout.nfe == counter.rows, sampler,
-             f"rollout.nfe = {rollout.nfe} but the transformer evaluated {counter.rows} rows")
-    _require(backbone.nfe - nfe0 == counter.rows, sampler,
-             f"the backbone counted {backbone.nfe - nfe0} evaluations for {counter.rows} rows")
+    _require(rollout.nfe == counter[0], sampler,
+             f"rollout.nfe = {rollout.nfe} but the transformer evaluated {counter[0]} rows")
+    _require(backbone.nfe - nfe0 == counter[0], sampler,
+             f"the backbone counted {backbone.nfe - nfe0} evaluations for {counter[0]} rows")
     with torch.no_grad():
         again = make().rollout(backbone, prompts, plan, schedule, RolloutRNG(0, 0, rows))
     _require(torch.equal(again.images, images), sampler, f"{name}: the same RolloutRNG gave other images")

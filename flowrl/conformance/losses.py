@@ -1,0 +1,225 @@
+"""Conformance of training objectives: :class:`~flowrl.interfaces.PolicyLoss` (recorded transitions) and
+:class:`~flowrl.interfaces.ForwardProcessLoss` (re-noised final latents).
+
+The inputs are built as the trainer builds them (flowrl/trainer/update.py): the policy's velocity ``v`` is the
+only tensor with a gradient; the old log-densities, the old velocity, the reference and the advantages come
+without one. The trust-region centre is where the policy equals the rollout-time policy (ratio 1, ``v = v_old``)
+and the reference; it is where the first inner epoch of every update starts.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch import Tensor
+
+from flowrl.conformance.common import finite, finite_stats, require
+from flowrl.interfaces import ForwardProcessLoss, Loss, PolicyLoss, gaussian_log_prob
+from flowrl.types import ForwardProcessInputs, LossInputs
+
+# Losses are float32 means over a handful of rows of magnitude about 1: a micro-batch split or a reordered sum
+# moves them by a few ulps (1e-7 relative); a loss that is not a mean over rows is off by a factor.
+SPLIT_TOL = 1e-5
+GRAD_TOL = 1e-6  # a gradient that must vanish at the centre: float32 cancellation leaves ~1e-8 here
+
+
+def _num(t: Tensor) -> float:
+    return float(t.detach())
+
+
+def _rows(value: Any, rows: slice) -> Any:
+    return value[rows] if isinstance(value, Tensor) else value
+
+
+def _expand(t: Tensor, like: Tensor) -> Tensor:
+    return t.reshape(-1, *[1] * (like.dim() - 1))
+
+
+def _call(loss: Loss, run: Callable[[], Any]) -> tuple[Tensor, dict[str, float]]:
+    out = run()
+    ok = isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], Tensor)
+    require(ok, loss, "must return (loss tensor, stats dict)")
+    value, stats = out
+    require(value.dim() == 0 and finite(value), loss,
+            f"the loss must be a finite scalar, got shape {tuple(value.shape)}")
+    require(finite_stats(stats), loss, "stats must map names to finite numbers")
+    return value, stats
+
+
+def _grad(value: Tensor, wrt: Tensor) -> Tensor | None:
+    if not value.requires_grad:
+        return None
+    (grad,) = torch.autograd.grad(value, wrt, allow_unused=True)
+    return grad
+
+
+def _reference_rule(loss: Loss, build: Callable[[bool], Any], run: Callable[[Any], Any], field: str) -> None:
+    require(isinstance(loss.needs_reference, bool), loss, "needs_reference must be a bool")
+    if loss.needs_reference:
+        a = _num(_call(loss, lambda: run(build(False)))[0])
+        b = _num(_call(loss, lambda: run(build(True)))[0])
+        require(a != b, loss, f"needs_reference is true but the loss does not read {field} (the trainer keeps a "
+                "reference copy of the model for it)")
+
+
+# -- policy losses ---------------------------------------------------------------------------------
+def check_policy_loss(
+    loss: PolicyLoss, transitions: int = 8, latent_shape: Sequence[int] = (4, 6), seed: int = 0
+) -> None:
+    """Rules, on Gaussian transitions with the policy's velocity as the only input with a gradient:
+
+    - a finite scalar loss and stats of finite numbers with ``clip_frac`` in [0, 1];
+    - the loss is differentiable with respect to the policy (a finite, non-zero gradient reaches the velocity);
+    - deterministic: the same inputs give the same loss;
+    - a mean over transitions: the loss of a batch equals the share-weighted losses of its two halves (the
+      trainer backpropagates ``loss * share`` per micro-batch);
+    - at the trust-region centre (ratio 1, reference = policy): ``clip_frac`` is 0, the gradient with
+      respect to the log-density is ``-k A w`` with one ``k > 0`` for all transitions (the policy gradient),
+      and zero advantages give a zero gradient;
+    - ``needs_reference`` is a bool, and when true the loss reads ``ref_mean``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    shape = (transitions, *latent_shape)
+    x, v0, noise = (torch.randn(shape, generator=g) for _ in range(3))
+    dt = -torch.full((transitions,), 0.1)
+    std = 0.2 + torch.rand(transitions, generator=g) * 0.2
+    advantages = torch.randn(transitions, generator=g)
+    weight = 0.5 + torch.rand(transitions, generator=g)
+    x_next = x + _expand(dt, x) * v0 + _expand(std, x) * noise
+    old_off = gaussian_log_prob(x_next, x + _expand(dt, x) * v0, std) + 1e-3 * torch.randn(transitions, generator=g)
+    ref_off = x + _expand(dt, x) * (v0 + 0.1 * torch.randn(shape, generator=g))
+
+    def inputs(v: Tensor, centre: bool, adv: Tensor, moved_ref: bool = False) -> LossInputs:
+        mean = x + _expand(dt, x) * v
+        log_prob = gaussian_log_prob(x_next, mean, std)
+        old = log_prob.detach().clone() if centre else old_off
+        ref = (ref_off if moved_ref or not centre else mean.detach().clone()) if loss.needs_reference else None
+        return LossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, weight=weight, mean=mean, std=std,
+                          ref_mean=ref, dt=dt)
+
+    def leaf() -> Tensor:
+        return v0.clone().requires_grad_(True)
+
+    # off the centre: shape, determinism, differentiability, a mean over transitions
+    v = leaf()
+    batch = inputs(v, False, advantages)
+    value, stats = _call(loss, lambda: loss(batch))
+    require("clip_frac" in stats and 0.0 <= float(stats["clip_frac"]) <= 1.0, loss, "stats need clip_frac in [0, 1]")
+    require(_num(_call(loss, lambda: loss(inputs(leaf(), False, advantages)))[0]) == _num(value), loss,
+            "the same inputs gave another loss")
+    grad = _grad(value, v)
+    require(grad is not None and finite(grad) and bool(grad.abs().sum() > 0), loss,
+            "the loss must be differentiable with respect to the policy (a finite, non-zero gradient)")
+    half = transitions // 2
+    parts = []
+    for rows in (slice(0, half), slice(half, transitions)):
+        part = LossInputs(**{k: _rows(t, rows) for k, t in attrs.asdict(batch, recurse=False).items()})
+        parts.append(_num(_call(loss, functools.partial(loss, part))[0]) * (rows.stop - rows.start))
+    require(abs(sum(parts) / transitions - _num(value)) <= SPLIT_TOL * max(1.0, abs(_num(value))), loss,
+            "the loss must be a mean over transitions (the batch's loss differs from its halves' share-weighted sum)")
+
+    # the trust-region centre
+    v = leaf()
+    centre = inputs(v, True, advantages)
+    centre.log_prob.retain_grad()
+    value, stats = _call(loss, lambda: loss(centre))
+    require(float(stats.get("clip_frac", 0.0)) == 0.0, loss, "at ratio 1 no transition may count as clipped")
+    value.backward()
+    dlogp = centre.log_prob.grad
+    require(dlogp is not None and finite(dlogp), loss, "the gradient must reach the log-density at ratio 1")
+    assert dlogp is not None
+    k = -dlogp / (advantages * weight)
+    require(bool((k > 0).all()) and float((k - k.mean()).abs().max()) <= 1e-4 * float(k.abs().mean()), loss,
+            "at ratio 1 the gradient with respect to the log-density must be -k A w, one k > 0 (the policy gradient)")
+    v = leaf()
+    value, _ = _call(loss, lambda: loss(inputs(v, True, torch.zeros(transitions))))
+    grad = _grad(value, v)
+    require(grad is None or float(grad.abs().max()) <= GRAD_TOL, loss,
+            "at the centre, zero advantages must give a zero gradient")
+    _reference_rule(loss, lambda moved: inputs(leaf(), True, advantages, moved), loss, "ref_mean")
+
+
+# -- forward-process losses ----------------------------------------------------------------------------
+def check_forward_process_loss(
+    loss: ForwardProcessLoss, rollouts: int = 8, latent_shape: Sequence[int] = (4, 6), seed: int = 0
+) -> None:
+    """Rules, on rollouts re-noised as the trainer does (``x_t = (1 - t) x0 + t eps``, ``v_old`` detached):
+
+    - ``sample_times(n, generator)``: ``n`` levels in (0, 1), the same for the same generator seed;
+    - a finite scalar loss and stats of finite numbers; differentiable with respect to ``v`` (finite,
+      non-zero gradient); deterministic; a mean over rollouts (a batch equals its halves, share-weighted);
+    - at the centre (``v = v_old``, reference = policy): zero advantages give a zero gradient, and the step
+      down the gradient moves each rollout's velocity towards its flow-matching target ``eps - x0`` when its
+      advantage is positive and away from it when negative;
+    - ``needs_reference`` is a bool, and when true the loss reads ``v_ref``.
+    """
+    times = loss.sample_times(rollouts, torch.Generator().manual_seed(seed))
+    again = loss.sample_times(rollouts, torch.Generator().manual_seed(seed))
+    require(isinstance(times, Tensor) and tuple(times.shape) == (rollouts,), loss,
+            f"sample_times must give ({rollouts},) noise levels")
+    require(finite(times) and bool(((times > 0) & (times < 1)).all()), loss, "noise levels must lie in (0, 1)")
+    require(torch.equal(times, again), loss, "sample_times must draw only from its generator")
+    g = torch.Generator().manual_seed(seed + 1)
+    shape = (rollouts, *latent_shape)
+    x0, eps, v0 = (torch.randn(shape, generator=g) for _ in range(3))
+    t = times.float()
+    x_t = (1 - _expand(t, x0)) * x0 + _expand(t, x0) * eps
+    v_old_off = v0 + 0.1 * torch.randn(shape, generator=g)
+    v_ref_off = v0 + 0.1 * torch.randn(shape, generator=g)
+    advantages = torch.randn(rollouts, generator=g)
+    advantages[0] = abs(float(advantages[0])) + 0.1  # both signs present
+    advantages[1] = -abs(float(advantages[1])) - 0.1
+
+    def inputs(v: Tensor, centre: bool, adv: Tensor, moved_ref: bool = False) -> ForwardProcessInputs:
+        v_old = v.detach().clone() if centre else v_old_off
+        v_ref = (v_ref_off if moved_ref or not centre else v.detach().clone()) if loss.needs_reference else None
+        return ForwardProcessInputs(x0=x0, x_t=x_t, t=t, v=v, v_old=v_old, advantages=adv, v_ref=v_ref)
+
+    def leaf() -> Tensor:
+        return v0.clone().requires_grad_(True)
+
+    v = leaf()
+    batch = inputs(v, False, advantages)
+    value, _ = _call(loss, lambda: loss.forward_process(batch))
+    require(_num(_call(loss, lambda: loss.forward_process(inputs(leaf(), False, advantages)))[0]) == _num(value),
+            loss, "the same inputs gave another loss")
+    grad = _grad(value, v)
+    require(grad is not None and finite(grad) and bool(grad.abs().sum() > 0), loss,
+            "the loss must be differentiable with respect to v (a finite, non-zero gradient)")
+    half = rollouts // 2
+    parts = []
+    for rows in (slice(0, half), slice(half, rollouts)):
+        part = ForwardProcessInputs(**{k: _rows(f, rows) for k, f in attrs.asdict(batch, recurse=False).items()})
+        parts.append(_num(_call(loss, functools.partial(loss.forward_process, part))[0]))
+    share = sum(p * n for p, n in zip(parts, (half, rollouts - half), strict=True)) / rollouts
+    require(abs(share - _num(value)) <= SPLIT_TOL * max(1.0, abs(_num(value))), loss,
+            "the loss must be a mean over rollouts (the batch's loss differs from its halves' share-weighted sum)")
+
+    v = leaf()
+    value, _ = _call(loss, lambda: loss.forward_process(inputs(v, True, torch.zeros(rollouts))))
+    grad = _grad(value, v)
+    require(grad is None or float(grad.abs().max()) <= GRAD_TOL, loss,
+            "at the centre, zero advantages must give a zero gradient")
+    v = leaf()
+    value, _ = _call(loss, lambda: loss.forward_process(inputs(v, True, advantages)))
+    grad = _grad(value, v)
+    require(grad is not None and finite(grad), loss, "the gradient must reach v at the centre")
+    assert grad is not None
+    towards = ((-grad) * (eps - x0 - v0)).flatten(1).sum(1)  # the descent step against the way to the target
+    require(bool((torch.sign(towards) == torch.sign(advantages)).all()), loss,
+            "at the centre, a positive advantage must move v towards eps - x0 and a negative one away from it")
+    _reference_rule(loss, lambda moved: inputs(leaf(), True, advantages, moved), loss.forward_process, "v_ref")
+
+
+def check_loss(loss: Loss, **options: Any) -> None:
+    """:func:`check_policy_loss` or :func:`check_forward_process_loss`, by the loss's kind."""
+    if isinstance(loss, PolicyLoss):
+        check_policy_loss(loss, **options)
+    elif isinstance(loss, ForwardProcessLoss):
+        check_forward_process_loss(loss, **options)
+    else:
+        require(False, loss, "a loss must be a PolicyLoss or a ForwardProcessLoss (the trainer picks the update by it)")

@@ -1,0 +1,225 @@
+"""Every registered reward and backbone keeps its interface's rules (flowrl.conformance), on local weights: the
+tiny reward weights of tests/data/rewards (as tests/test_rewards.py and tests/test_imagereward.py use them),
+the tiny FLUX and SD3 models (saved to a folder for the ``flux`` and ``sd3`` loaders) and the embedded world's
+model; with every shipped recipe's reward and backbone settings (weights swapped for the local ones); and
+each check catches a deliberately broken part. HPSv2 and OCR need their extras (``nox -s extras``)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from conftest import ROOT
+from test_conformance import PROMPTS, RECIPES, loaded
+
+import flowrl
+from flowrl.conformance import ConformanceError, check_backbone, check_reward, check_sampler
+from flowrl.recipe import load_recipe
+from flowrl.registry import registry
+from flowrl.rewards.base import has_module
+from flowrl.types import Plan, Schedule, Unit
+from flowrl.world.grammar import enumerate_scenes
+from flowrl.world.render import render_batch
+
+DATA = ROOT / "tests" / "data" / "rewards"
+CLIP, IR = str(DATA / "clip"), DATA / "imagereward"
+INF = math.inf
+# name -> (local settings, documented bounds of the raw score (docs/rewards.md) or None where only typical
+# values are documented, modules it needs)
+REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, ...]]] = {
+    "aesthetic": ({"model": CLIP, "head": str(DATA / "aesthetic_head.pth"), "device": "cpu"}, None, ()),
+    "clipscore": ({"model": CLIP, "device": "cpu"}, (-1.0, 1.0), ()),  # a cosine
+    "hpsv2": (
+        {"checkpoint": str(DATA / "hps" / "tiny_hps.pt"), "model": "tiny-hps",
+         "model_config": str(DATA / "hps" / "tiny-hps.json"), "device": "cpu"},
+        (-1.0, 1.0),  # a dot product of unit vectors
+        ("hpsv2", "open_clip"),
+    ),
+    "imagereward": (
+        {"checkpoint": str(IR / "ImageReward.pt"), "med_config": str(IR / "med_config.json"),
+         "tokenizer": str(IR / "tokenizer"), "vision_heads": 2, "device": "cpu"},
+        None,
+        (),
+    ),
+    "jpeg_compressibility": ({}, (-INF, 0.0), ()),  # minus a file size
+    "ocr": ({}, (0.0, 1.0), ("rapidocr_onnxruntime",)),
+    "pickscore": ({"model": CLIP, "processor": CLIP, "device": "cpu"}, None, ()),
+    "world_verifier": ({}, (0.0, 1.0), ()),
+}
+FLOAT32_TOL, REDUCED_TOL = 1e-4, 3e-2  # see flowrl.conformance.backbones.TOLERANCE
+SCENES = enumerate_scenes("train")[:200:50]  # a single object and relations, all in the tiny models' words
+WORLD_PROMPTS = [s.text for s in SCENES]
+
+
+def images() -> torch.Tensor:
+    """Rendered world scenes (the verifier finds what their prompts ask) and one image of noise."""
+    out = torch.from_numpy(render_batch(SCENES, 0)).permute(0, 3, 1, 2).float() / 255
+    out[-1] = torch.rand(out.shape[1:], generator=torch.Generator().manual_seed(0))
+    return out
+
+
+def reward_prompts(name: str) -> list[str]:
+    return ['a sign that says "OPEN"'] * len(SCENES) if name == "ocr" else list(WORLD_PROMPTS)
+
+
+def local_reward(name: str, settings: dict[str, Any]) -> tuple[Any, tuple[float, float] | None]:
+    """The reward with ``settings`` and the local weights, and its documented bounds after rescaling."""
+    local, bounds, modules = REWARDS[name]
+    for module in modules:
+        if not has_module(module):
+            pytest.skip(f"reward '{name}' needs {module} (its extra; nox -s extras)")
+    reward = flowrl.build("reward", {**settings, **local, "type": name})
+    offset, scale = getattr(reward.config, "offset", 0.0), getattr(reward.config, "scale", 1.0)
+    if bounds is not None:
+        ends = sorted(((bounds[0] - offset) * scale, (bounds[1] - offset) * scale))
+        bounds = (ends[0], ends[1])
+    return reward, bounds
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_every_reward_conforms(name: str) -> None:
+    reward, bounds = local_reward(name, {})
+    check_reward(reward, images(), reward_prompts(name), bounds=bounds)
+
+
+def recipe_tables(kind: str) -> list[Any]:
+    """The distinct (type, settings) of ``kind`` across the shipped recipes, as pytest parameters."""
+    seen: dict[str, tuple[str, dict[str, Any]]] = {}
+    for path in RECIPES:
+        recipe = load_recipe(path)
+        parts = recipe.rewards if kind == "reward" else (recipe.parts[kind],)
+        for part in parts:
+            settings = attrs.asdict(part.config)
+            seen.setdefault(f"{part.type}{sorted(settings.items())}", (part.type, settings))
+    return [pytest.param(*table, id=f"{table[0]}-{i}") for i, table in enumerate(seen.values())]
+
+
+@pytest.mark.parametrize(("name", "settings"), recipe_tables("reward"))
+def test_recipe_rewards_conform(name: str, settings: dict[str, Any]) -> None:
+    reward, bounds = local_reward(name, settings)
+    check_reward(reward, images(), reward_prompts(name), bounds=bounds)
+
+
+# -- backbones ------------------------------------------------------------------------------------
+@functools.cache
+def saved(kind: str) -> str:
+    """A tiny latent-space FLUX or SD3 pipeline saved as a folder (what the ``flux`` / ``sd3`` loaders read)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=f"conformance-{kind}-")) / "model"
+    if kind == "flux":
+        from flowrl.backbones.tiny import TinyFluxSpec, save_tiny_flux
+
+        save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1), folder)
+    else:
+        from flowrl.backbones.tiny_sd3 import TinySD3Spec, save_tiny_sd3
+
+        save_tiny_sd3(TinySD3Spec(image_size=16), folder)
+    return str(folder)
+
+
+SMALL = {"resolution": 16, "max_sequence_length": 16}
+BACKBONES: dict[str, Any] = {
+    "flux": lambda: {"path": saved("flux"), **SMALL, "dtype": "float32"},
+    "sd3": lambda: {"path": saved("sd3"), **SMALL, "dtype": "float32"},
+    "tiny_flux": lambda: {"resolution": 16, "num_layers": 1, "num_single_layers": 1},
+    "tiny_sd3": lambda: {"resolution": 16},
+    "world_tiny": lambda: {},
+}
+
+
+def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
+    if name in ("flux", "sd3"):
+        settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
+    tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
+    check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)
+
+
+@pytest.mark.parametrize("name", sorted(BACKBONES))
+def test_every_backbone_conforms(name: str) -> None:
+    run_backbone_check(name, BACKBONES[name]())
+
+
+@pytest.mark.parametrize(("name", "settings"), recipe_tables("backbone"))
+def test_recipe_backbones_conform(name: str, settings: dict[str, Any]) -> None:
+    run_backbone_check(name, settings)  # flux / sd3: the recipe's settings on the tiny saved model, 16 px
+
+
+def test_guided_sd3_sampling_counts_two_rows_per_step() -> None:
+    """check_sampler counts the transformer's rows: a guided SD3 step costs 2 (flowrl.backbones.sd3)."""
+    backbone = flowrl.build("backbone", {"type": "tiny_sd3", "resolution": 16, "guidance_scale": 4.5})
+    recipe, schedule = loaded(ROOT / "recipes" / "flow_grpo.toml")
+    schedule = Schedule(backbone.schedule_sigmas(4, 3.0), schedule.kernel)
+    plan = Plan(units=(Unit(0),), trained=(0,))
+    rollout = check_sampler(lambda: recipe.build("sampler"), backbone, schedule, plan, PROMPTS)
+    assert rollout.nfe == 2 * 4 * rollout.num_rollouts
+
+
+# -- the checks can fail ------------------------------------------------------------------------
+JPEG = registry("reward").get("jpeg_compressibility")
+TINY_FLUX = registry("backbone").get("tiny_flux")
+
+
+class BatchCentredJpeg(JPEG):  # type: ignore[misc, valid-type]
+    """Centres the scores over the batch: an image's score depends on its neighbours."""
+
+    def score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        raw = super().score(images, prompts)
+        return raw - raw.mean() - 1.0
+
+
+class NoisyJpeg(JPEG):  # type: ignore[misc, valid-type]
+    def score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return super().score(images, prompts) - 1e-3 * torch.rand(images.shape[0])
+
+
+class PositiveJpeg(JPEG):  # type: ignore[misc, valid-type]
+    def score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return -super().score(images, prompts)
+
+
+@pytest.mark.parametrize(
+    ("reward", "rule"),
+    [(BatchCentredJpeg, "one by one"), (NoisyJpeg, "not deterministic"), (PositiveJpeg, "documented range")],
+)
+def test_broken_rewards_are_caught(reward: type, rule: str) -> None:
+    with pytest.raises(ConformanceError, match=rule):
+        check_reward(reward(reward.Config()), images(), WORLD_PROMPTS, bounds=(-INF, 0.0))
+
+
+class UncountedFlux(TINY_FLUX):  # type: ignore[misc, valid-type]
+    """Forgets to count the rows of its velocity calls."""
+
+    def velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Any) -> torch.Tensor:
+        v = super().velocity(x, s, cond)
+        self.nfe -= int(x.shape[0])
+        return v
+
+
+class BatchMixingFlux(TINY_FLUX):  # type: ignore[misc, valid-type]
+    """Adds the batch's mean: a row's velocity depends on the others."""
+
+    def velocity(self, x: torch.Tensor, s: torch.Tensor, cond: Any) -> torch.Tensor:
+        v = super().velocity(x, s, cond)
+        return v + v.mean(0, keepdim=True)
+
+
+class RisingScheduleFlux(TINY_FLUX):  # type: ignore[misc, valid-type]
+    def schedule_sigmas(self, num_steps: int, shift: float) -> tuple[float, ...]:
+        return tuple(reversed(super().schedule_sigmas(num_steps, shift)))
+
+
+@pytest.mark.parametrize(
+    ("backbone", "rule"),
+    [(UncountedFlux, "nfe grew by"), (BatchMixingFlux, "other rows of its batch"), (RisingScheduleFlux, "strictly")],
+)
+def test_broken_backbones_are_caught(backbone: type, rule: str) -> None:
+    config = backbone.Config(**BACKBONES["tiny_flux"]())
+    with pytest.raises(ConformanceError, match=rule):
+        check_backbone(lambda: backbone(config), WORLD_PROMPTS[:3])
+
