@@ -4,6 +4,7 @@ Public API: :func:`build`, :func:`available`, :func:`load_recipe`, :func:`regist
 the batch types.
 """
 
+from flowrl.errors import UserError
 from flowrl.extras import Extra, PerRollout, RolloutIds
 from flowrl.interfaces import (
     AdvantageEstimator,
@@ -65,6 +66,7 @@ __all__ = [
     "TransitionKernel",
     "Transitions",
     "Unit",
+    "UserError",
     "available",
     "build",
     "load_recipe",

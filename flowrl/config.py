@@ -11,8 +11,10 @@ from typing import Any
 
 import attrs
 
+from flowrl.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """One or more problems, each a (key path, message) pair."""
 
     def __init__(self, problems: list[tuple[str, str]]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from flowrl.errors import UserError
 from flowrl.rng import RolloutRNG
 from flowrl.types import (
     Advantages,
@@ -229,7 +230,7 @@ class RolloutSampler(Component, ABC):
         return int(getattr(self.config, "group_size", 1))
 
 
-class RewardError(RuntimeError):
+class RewardError(UserError, RuntimeError):
     """A reward model raised or returned the wrong shape; the message names the component."""
 
 

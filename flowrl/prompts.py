@@ -7,11 +7,12 @@ from pathlib import Path
 import attrs
 import torch
 
+from flowrl.errors import UserError
 from flowrl.interfaces import PromptSource
 from flowrl.registry import register
 
 
-class PromptFileError(ValueError):
+class PromptFileError(UserError, ValueError):
     """A prompt file that cannot be used (missing, empty, not UTF-8)."""
 
 

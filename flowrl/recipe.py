@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from flowrl.config import ConfigError, structure, unstructure
+from flowrl.errors import UserError
 from flowrl.interfaces import ForwardProcessLoss
 from flowrl.registry import RegistryError, registry
 from flowrl.settings import LoraConfig, OptimConfig, TrainerConfig
@@ -25,7 +26,7 @@ SETTING_TABLES = {"optim": OptimConfig, "trainer": TrainerConfig, "lora": LoraCo
 TOP_KEYS = ("name", "seed", "reward", *COMPONENT_TABLES, *SETTING_TABLES)
 
 
-class RecipeError(Exception):
+class RecipeError(UserError):
     """Problems in a recipe; ``str()`` is the report a user sees."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from flowrl.errors import UserError
+
 KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts")
 PLUGIN_GROUP = "flowrl.plugins"
 BUILTINS = "builtins"  # the entry point naming flowrl's own parts (pyproject.toml)
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound="type[Component]")
 
 
-class RegistryError(LookupError):
+class RegistryError(UserError, LookupError):
     """A name that cannot be resolved, registered twice, or a class that breaks its interface."""
 
 

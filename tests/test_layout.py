@@ -116,3 +116,24 @@ def test_no_import_cycle_among_core_modules() -> None:
         if module not in done:
             visit(module, [module])
     assert not cycles, "import cycles among flowrl modules:\n" + "\n".join(sorted(set(cycles))[:10])
+
+
+def test_every_error_the_user_must_fix_is_a_user_error() -> None:
+    """The command line prints a UserError on one line with exit status 2; any other exception is internal and
+    keeps its traceback. An error class defined in flowrl is one or the other, on purpose."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import flowrl
+    from flowrl.errors import UserError
+
+    internal = {"PlanError", "ConformanceError"}  # a part's bug: the traceback is what its author needs
+    found: dict[str, bool] = {}
+    for info in pkgutil.walk_packages(flowrl.__path__, "flowrl."):
+        module = importlib.import_module(info.name)
+        for name, cls in vars(module).items():
+            if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == info.name and name[0] != "_":
+                found[name] = issubclass(cls, UserError)
+    assert len(found) >= 12, found
+    assert {name for name, user in found.items() if not user} == internal, found

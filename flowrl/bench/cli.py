@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 
@@ -39,17 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from flowrl.bench.errors import BenchError
-
-    try:
-        return _run(args)
-    except BenchError as error:
-        message = str(error)
-        print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
+    """``flowrl bench``; its BenchError is a UserError: one line and exit status 2 (flowrl.cli.main)."""
     from pathlib import Path
 
     from flowrl.bench.errors import BenchError

@@ -9,30 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from flowrl.config import ConfigError
-from flowrl.interfaces import RewardError
-from flowrl.prompts import PromptFileError
+from flowrl.errors import UserError
 from flowrl.recipe import RecipeError, load_recipe
-from flowrl.registry import KINDS, RegistryError, registry, summary
-from flowrl.report import ReportError
+from flowrl.registry import KINDS, registry, summary
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
-from flowrl.trainer.errors import BestMetricError, LaunchError, NonFiniteError, NothingTrainedError, RunFolderError
+from flowrl.trainer.runfolder import RunFolderError
 
-USER_ERRORS = (
-    RecipeError,
-    PromptFileError,
-    CheckpointError,
-    ConfigError,
-    RegistryError,
-    FileNotFoundError,
-    RewardError,
-    NonFiniteError,
-    NothingTrainedError,
-    BestMetricError,
-    RunFolderError,
-    ReportError,
-    LaunchError,
-)
+USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 2 (flowrl.errors)
 
 
 def train(args: argparse.Namespace) -> int:

@@ -15,10 +15,6 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 from flowrl.cli import commands  # noqa: E402
 
 
-class UserError(Exception):
-    """A mistake in the user's input: printed as one line, exit status 2, no traceback."""
-
-
 def _positive(text: str) -> int:
     """An argparse type: an integer of at least 1."""
     try:

@@ -17,10 +17,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from flowrl.errors import UserError
 from flowrl.trainer.sharding import copy_full_into
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used (missing, truncated, from another model)."""
 
 

@@ -3,6 +3,7 @@ and the interruption that makes ``flowrl train`` exit 130 or 143."""
 
 from __future__ import annotations
 
+from flowrl.errors import UserError
 from flowrl.trainer.runfolder import RunFolderError
 
 __all__ = [
@@ -15,11 +16,11 @@ __all__ = [
 ]
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
     """Too many consecutive iterations produced NaN or inf."""
 
 
-class NothingTrainedError(RuntimeError):
+class NothingTrainedError(UserError, RuntimeError):
     """Every iteration of the run was skipped or had no transition to train: the weights never changed."""
 
 
@@ -31,9 +32,9 @@ class RunInterrupted(KeyboardInterrupt):
         self.signal = signal_name
 
 
-class BestMetricError(ValueError):
+class BestMetricError(UserError, ValueError):
     """``trainer.keep_best`` names a figure the run's evaluation does not report."""
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError, ValueError):
     """The run was launched in a way flowrl does not support (accelerate's FSDP or DeepSpeed plugins)."""

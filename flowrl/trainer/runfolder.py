@@ -14,10 +14,12 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
+from flowrl.errors import UserError
+
 LOCK = ".lock"
 
 
-class RunFolderError(ValueError):
+class RunFolderError(UserError, ValueError):
     """The output folder already holds a run that a fresh run would overwrite, or another process uses it."""
 
 

@@ -1,0 +1,11 @@
+"""The one base of every error that means "stop and tell the user what to fix".
+
+A bad recipe, prompt file, checkpoint or run folder, a reward that fails, a run that diverged or trained
+nothing: each raises a subclass of :class:`UserError` naming the file and the key. The command line prints
+it on one line and exits with status 2; any other exception is an internal error and keeps its traceback.
+Library users catch ``UserError`` the same way.
+"""
+
+
+class UserError(Exception):
+    """A mistake in the input, or a run condition the user must fix; its message is one line."""
