@@ -9,7 +9,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,7 @@ class Component:
 
     Config: Any
     registered_name: str = ""  # the name it was registered under (set by the registry)
+    needs_reference: bool = False  # the part reads the initial policy (a KL term, a probe): the trainer keeps one
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -45,6 +46,12 @@ class Component:
         """Problems with these settings that would otherwise surface only when the part is built (a model
         shape the library refuses): ``(key within the part's table, message)`` pairs. Run by every recipe
         load, so ``flowrl validate`` reports them without building anything. None by default."""
+        return ()
+
+    @staticmethod
+    def check_steps(config: Any, num_steps: int) -> Iterable[tuple[str, str]]:
+        """Problems with these settings given the recipe's ``schedule.num_steps`` (a step index beyond it, a
+        window that does not fit): ``(key, message)`` pairs, reported by every recipe load. None by default."""
         return ()
 
     def state_dict(self) -> dict[str, Any]:
@@ -166,14 +173,6 @@ class Backbone(Component, ABC):
     def decode(self, x: Tensor) -> Tensor:
         """Images ``(B, 3, H, W)`` in [0, 1] from final latents."""
 
-    def attention_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> Tensor:
-        """Mean softmax entropy of image-query attention rows per latent ``(B,)`` (no grad; AEGPO's probe)."""
-        raise NotImplementedError(f"{type(self).__name__} does not expose attention entropy")
-
-    def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
-        """The velocity and the attention entropy; backbones that can, take both from one probed forward."""
-        return self.velocity(x, s, cond), self.attention_entropy(x, s, cond, options)
-
     def reference_policy(self) -> AbstractContextManager[None]:
         """Inside this context the backbone evaluates the base (initial) policy; the trainer installs it."""
         if self._reference is None:
@@ -214,6 +213,20 @@ class Backbone(Component, ABC):
         from flowrl.schedule import shifted_sigmas
 
         return tuple(float(s) for s in shifted_sigmas(num_steps, shift))
+
+
+@runtime_checkable
+class AttentionEntropyProbe(Protocol):
+    """An optional backbone capability: the softmax entropy of its image-query attention rows (AEGPO's probe).
+
+    A backbone has it by defining :meth:`velocity_and_entropy`; parts that need it ask
+    ``isinstance(backbone, AttentionEntropyProbe)`` and say which backbones to use when it is missing.
+    """
+
+    def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
+        """The velocity and the mean attention entropy per latent ``(B,)`` from one probed forward (no grad),
+        counted in ``nfe`` like :meth:`Backbone.velocity`; ``options`` says what is measured (None: defaults)."""
+        ...
 
 
 class RolloutSampler(Component, ABC):
@@ -260,8 +273,6 @@ class AdvantageEstimator(Component, ABC):
 class Loss(Component, ABC):
     """The training objective: a :class:`PolicyLoss` (on recorded transitions) or a
     :class:`ForwardProcessLoss` (on re-noised final latents); the trainer picks the update by which it is."""
-
-    needs_reference: bool = False  # the loss reads the initial policy (a KL term): the trainer keeps one
 
 
 class PolicyLoss(Loss):

@@ -69,8 +69,7 @@ def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "la
     if weights is not None:
         load_weights_into(backbone.transformer, weights, folder)
     backbone.transformer.eval()
-    sampler = recipe.parts["sampler"].config
-    sigmas = backbone.schedule_sigmas(recipe.trainer.eval_steps, sampler.shift)
+    sigmas = backbone.schedule_sigmas(recipe.trainer.eval_steps, recipe.schedule.shift)
     schedule = Schedule(sigmas=sigmas, kernel=recipe.build("kernel"))
     prompts = recipe.build("prompts")
     return LoadedPolicy(recipe, backbone, schedule, prompts, rewards, int(state["step"]), Path(folder))

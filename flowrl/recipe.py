@@ -18,11 +18,12 @@ from flowrl.config import ConfigError, structure, unstructure
 from flowrl.errors import UserError
 from flowrl.interfaces import ForwardProcessLoss
 from flowrl.registry import RegistryError, registry
-from flowrl.settings import LoraConfig, OptimConfig, TrainerConfig
+from flowrl.settings import LoraConfig, OptimConfig, ScheduleConfig, TrainerConfig
 
 # Recipe table -> registry kind; every one of these tables is required.
 COMPONENT_TABLES = ("backbone", "prompts", "selector", "sampler", "kernel", "advantage", "loss")
-SETTING_TABLES = {"optim": OptimConfig, "trainer": TrainerConfig, "lora": LoraConfig}
+SETTING_TABLES = {"schedule": ScheduleConfig, "optim": OptimConfig, "trainer": TrainerConfig, "lora": LoraConfig}
+SCHEDULE_KEYS = ("num_steps", "shift")  # [schedule] keys; recipes before it set them in [sampler]
 TOP_KEYS = ("name", "seed", "reward", *COMPONENT_TABLES, *SETTING_TABLES)
 
 
@@ -72,6 +73,7 @@ class Recipe:
     seed: int
     parts: dict[str, Part]
     rewards: tuple[RewardPart, ...]
+    schedule: ScheduleConfig
     optim: OptimConfig
     trainer: TrainerConfig
     lora: LoraConfig | None
@@ -91,6 +93,8 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "seed": self.seed}
         for table in COMPONENT_TABLES:
+            if table == "selector":
+                data["schedule"] = unstructure(self.schedule)
             data[table] = self.parts[table].to_table()
         data["reward"] = [r.to_table() for r in self.rewards]
         data["optim"] = unstructure(self.optim)
@@ -128,6 +132,7 @@ def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), sou
     problems: list[tuple[str, str]] = []
     for item in overrides:
         apply_override(data, item, problems)
+    _schedule_from_sampler(data, problems)
     for key in data:
         if key not in TOP_KEYS:
             close = difflib.get_close_matches(key, TOP_KEYS, n=1)
@@ -155,6 +160,7 @@ def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), sou
         seed=seed,
         parts=parts,
         rewards=rewards,
+        schedule=settings["schedule"],
         optim=settings["optim"],
         trainer=settings["trainer"],
         lora=settings["lora"] if "lora" in data else None,
@@ -166,16 +172,35 @@ def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), sou
     return recipe
 
 
+def _schedule_from_sampler(data: dict[str, Any], problems: list[tuple[str, str]]) -> None:
+    """Recipes written before ``[schedule]`` set ``num_steps`` and ``shift`` in ``[sampler]``: move them (a run
+    folder's recipe.toml from then still resumes). Set in both tables, it is a problem."""
+    sampler = data.get("sampler")
+    if not isinstance(sampler, Mapping) or not any(key in sampler for key in SCHEDULE_KEYS):
+        return
+    schedule = data.setdefault("schedule", {})
+    if not isinstance(schedule, dict):
+        return  # reported as a bad [schedule] table
+    sampler = data["sampler"] = dict(sampler)
+    for key in SCHEDULE_KEYS:
+        if key not in sampler:
+            continue
+        if key in schedule:
+            problems.append((f"sampler.{key}", f"set in [schedule] too; keep it only there (schedule.{key})"))
+        else:
+            schedule[key] = sampler[key]
+        del sampler[key]
+
+
 def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
     """Checks that span tables: group size, steps within the schedule, reward names."""
     sampler = recipe.parts["sampler"].config
     group = getattr(sampler, "group_size", None)
     if group is not None and group < 2:
         yield ("sampler.group_size", f"group-relative advantages need at least 2 rollouts per prompt, got {group}")
-    steps = getattr(sampler, "num_steps", None)
-    selector = recipe.parts["selector"]
-    if steps is not None and hasattr(selector.cls, "check_steps"):
-        yield from (("selector." + k, msg) for k, msg in selector.cls.check_steps(selector.config, steps))
+    steps = recipe.schedule.num_steps
+    for table, part in recipe.parts.items():
+        yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_steps(part.config, steps))
     if (
         issubclass(recipe.parts["loss"].cls, ForwardProcessLoss)
         and recipe.trainer.inner_epochs > 1

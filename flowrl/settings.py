@@ -1,4 +1,4 @@
-"""The recipe's non-component tables: ``[optim]``, ``[trainer]``, ``[lora]``."""
+"""The recipe's non-component tables: ``[schedule]``, ``[optim]``, ``[trainer]``, ``[lora]``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ import attrs
 from attrs.validators import ge, gt, in_, le
 
 positive: Any = gt(0)
+
+
+@attrs.frozen
+class ScheduleConfig:
+    """The denoising grid rollouts walk and training replays (``[schedule]``): ``num_steps`` steps of the
+    backbone's shifted flow-matching schedule. Held-out evaluation uses ``trainer.eval_steps`` steps with the
+    same ``shift``."""
+
+    num_steps: int = attrs.field(default=16, validator=ge(1))  # denoising steps (N)
+    shift: float = attrs.field(default=3.0, validator=positive)  # schedule shift k
 
 
 @attrs.frozen

@@ -93,7 +93,8 @@ def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int, attenti
         "backbone": backbone,
         "prompts": {"type": "list", "prompts": ["a red circle", "two blue squares", "a cat", "a dog on a beach"]},
         "selector": {"type": "explicit", "units": [[0, 1], [1, 1], [2, 2]]},
-        "sampler": {"type": "independent", "group_size": group, "num_steps": steps, "shift": 3.0},
+        "schedule": {"num_steps": steps, "shift": 3.0},
+        "sampler": {"type": "independent", "group_size": group},
         "kernel": {"type": "flow_grpo_sde", "noise_level": 0.7},
         "advantage": {"type": "group_norm"},
         "reward": [{"type": "jpeg_compressibility", "scale_kb": 1.0}],
@@ -125,12 +126,12 @@ def diffusers_rows_per_s(trainer: Any, data: dict[str, Any], repeats: int = 2) -
     pipe = getattr(trainer.backbone, "pipe", None)
     if pipe is None or type(pipe).__name__ != "FluxPipeline":
         return None
-    sampler, config = data["sampler"], trainer.backbone.config
+    sampler, steps, config = data["sampler"], data["schedule"]["num_steps"], trainer.backbone.config
     prompts = data["prompts"]["prompts"][: data["trainer"]["prompts_per_step"]]
     kwargs: dict[str, Any] = {
         "prompt": prompts,
         "num_images_per_prompt": sampler["group_size"],
-        "num_inference_steps": sampler["num_steps"],
+        "num_inference_steps": steps,
         "height": config.resolution,
         "width": config.resolution,
         "max_sequence_length": config.max_sequence_length,
@@ -148,7 +149,7 @@ def diffusers_rows_per_s(trainer: Any, data: dict[str, Any], repeats: int = 2) -
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
-    rows = len(prompts) * sampler["group_size"] * sampler["num_steps"]
+    rows = len(prompts) * sampler["group_size"] * steps
     return rows / (sum(seconds[1:]) / repeats)
 
 

@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrl
+from flowrl.interfaces import AttentionEntropyProbe
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.rng import RolloutRNG
 from flowrl.schedule import shifted_sigmas
@@ -136,6 +137,16 @@ def forwards_per_probe(backbone: object) -> int:
     return 1 if callable(getattr(backbone, "velocity_and_entropy", None)) else 2
 
 
+def test_a_backbone_without_the_attention_probe_is_a_user_error() -> None:
+    """The probe is an optional capability (flowrl.interfaces.AttentionEntropyProbe): SD3 does not offer it."""
+    sd3 = flowrl.build("backbone", {"type": "tiny_sd3", "resolution": 16})
+    assert not isinstance(sd3, AttentionEntropyProbe)
+    schedule = Schedule(sd3.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "dance_grpo_sde"}))
+    selector = flowrl.build("selector", {"type": "aegpo_topk", "k": 2})
+    with pytest.raises(flowrl.UserError, match="backbone 'tiny_sd3' does not expose"):
+        selector.observe(sd3, ["a red circle"], schedule)
+
+
 def test_observe_probes_one_trajectory_per_prompt(tiny: object) -> None:
     schedule = Schedule(tiny.schedule_sigmas(5, 3.0), flowrl.build("kernel", {"type": "dance_grpo_sde"}))  # type: ignore[attr-defined]
     selector = flowrl.build("selector", {"type": "aegpo_topk", "k": 2})
@@ -165,7 +176,7 @@ def test_observe_probes_one_trajectory_per_prompt(tiny: object) -> None:
 # -- allocating sampler --------------------------------------------------------------------------------
 def test_allocation_follows_delta_entropy(tiny: object, monkeypatch: pytest.MonkeyPatch) -> None:
     schedule = Schedule(tiny.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "dance_grpo_sde"}))  # type: ignore[attr-defined]
-    spec = {"type": "aegpo_allocate", "host": {"type": "independent", "group_size": 4, "num_steps": 4}, "max_group": 8}
+    spec = {"type": "aegpo_allocate", "host": {"type": "independent", "group_size": 4}, "max_group": 8}
     sampler = flowrl.build("sampler", spec)
     prompts = ["a red circle", "two blue squares", "a cat"]
     plan = Plan(units=(), trained=())
@@ -216,7 +227,7 @@ def test_host_table_errors() -> None:
 
 # -- the recipes, tiny ----------------------------------------------------------------------------------
 TINY = [
-    "sampler.host.num_steps=4",
+    "schedule.num_steps=4",
     "sampler.host.group_size=3",
     "sampler.max_group=6",
     "selector.k=2",

@@ -256,7 +256,7 @@ CASES = [
     ),
     recipe_case(
         "steps-beyond-schedule",
-        '`[selector] type = "explicit"`, `units = [[0, 1], [3, 2]]` with `[sampler] num_steps = 4`',
+        '`[selector] type = "explicit"`, `units = [[0, 1], [3, 2]]` with `[schedule] num_steps = 4`',
         lambda d: d["selector"].update(units=[[0, 1], [3, 2]]),
         "[selector.units] unit ends at step 5, beyond the schedule's 4 steps",
         "[selector.units]",

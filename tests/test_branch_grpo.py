@@ -32,7 +32,7 @@ def sample(
     splits: list[int], num_steps: int, factor: int = 2, prompts: int = 1, backbone: Any = None, **sampler: Any
 ) -> tuple[Rollout, Any, Schedule]:
     backbone = backbone or flowrl.build("backbone", TINY)
-    cfg = {"type": "branch_tree", "factor": factor, "num_steps": num_steps, **sampler}
+    cfg = {"type": "branch_tree", "factor": factor, **sampler}
     tree_sampler = flowrl.build("sampler", cfg)
     schedule = Schedule(backbone.schedule_sigmas(num_steps, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
     plan = flowrl.build("selector", {"type": "branch_splits", "splits": splits}).plan(schedule, 0, torch.Generator())
@@ -285,7 +285,7 @@ def test_tree_survives_the_gathered_view_of_two_processes() -> None:
 def tiny_branch(**trainer: object) -> dict:
     data = tiny_recipe(**trainer)
     data["selector"] = {"type": "branch_splits", "splits": [0, 2]}
-    data["sampler"] = {"type": "branch_tree", "factor": 2, "num_steps": 4, "shift": 3.0}
+    data["sampler"] = {"type": "branch_tree", "factor": 2}
     data["advantage"] = {"type": "branch_depthwise"}
     data["loss"] = {"type": "ppo_clip", "clip_range": 1e-3}
     return data
@@ -312,7 +312,7 @@ def test_recipe_validates(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plain_units_plan_also_drives_the_tree() -> None:
     backbone = flowrl.build("backbone", TINY)
     schedule = Schedule(backbone.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
-    sampler = flowrl.build("sampler", {"type": "branch_tree", "num_steps": 4})
+    sampler = flowrl.build("sampler", {"type": "branch_tree"})
     with torch.no_grad():
         rollout = sampler.rollout(backbone, ["a"], Plan((Unit(1, 2),), (0,)), schedule, RolloutRNG(0, 0, [0]))
     assert rollout.nfe == analytic_nfe(4, [(1, 2)], 2) == 1 + 1 + 2

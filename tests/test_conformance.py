@@ -39,8 +39,8 @@ def recipe_id(path: Path) -> str:
 @functools.cache
 def loaded(path: Path) -> tuple[Recipe, Schedule]:
     recipe = load_recipe(path)
-    sampler = recipe.parts["sampler"].config
-    schedule = Schedule(tiny().schedule_sigmas(sampler.num_steps, sampler.shift), recipe.build("kernel"))
+    grid = recipe.schedule
+    schedule = Schedule(tiny().schedule_sigmas(grid.num_steps, grid.shift), recipe.build("kernel"))
     return recipe, schedule
 
 

@@ -27,7 +27,7 @@ def test_a_known_velocity_change_gives_the_gaussian_kl() -> None:
     linear in the velocity, so the two means differ by the mean of (x = 0, v = delta), and the KL per dimension
     is that squared over 2 std^2, averaged over the stochastic transitions."""
     backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
-    sampler = flowrl.build("sampler", {"type": "independent", "group_size": 2, "num_steps": 4})
+    sampler = flowrl.build("sampler", {"type": "independent", "group_size": 2})
     kernel = flowrl.build("kernel", {"type": "flow_grpo_sde", "noise_level": 0.7})
     schedule = Schedule(backbone.schedule_sigmas(4, 3.0), kernel)
     plan = Plan(units=(Unit(0), Unit(2)), trained=(0, 1))

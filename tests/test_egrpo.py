@@ -46,7 +46,8 @@ def test_merging_raises_entropy() -> None:
 def tiny_egrpo(**trainer: object) -> dict:
     data = tiny_recipe(**trainer)
     data["selector"] = {"type": "egrpo_entropy", "units": [[0, 1], [1, 2]]}
-    data["sampler"] = {"type": "anchor_branch", "group_size": 3, "num_steps": 6, "shift": 3.0}
+    data["schedule"] = {"num_steps": 6, "shift": 3.0}
+    data["sampler"] = {"type": "anchor_branch", "group_size": 3}
     return data
 
 
@@ -76,7 +77,7 @@ def test_tail_starts_after_the_merged_jump() -> None:
     """With zero noise the jump is deterministic, so the image must be: anchor to i, one merged step to
     i + m, then ODE from i + m. A tail restarted at i + 1 gives a different image."""
     backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
-    sampler = flowrl.build("sampler", {"type": "anchor_branch", "group_size": 2, "num_steps": 6})
+    sampler = flowrl.build("sampler", {"type": "anchor_branch", "group_size": 2})
     kernel = flowrl.build("kernel", {"type": "flow_grpo_sde", "noise_level": 0.0})
     schedule = Schedule(backbone.schedule_sigmas(6, 3.0), kernel)
     plan = Plan(units=(Unit(1, 3),), trained=(0,))
@@ -99,7 +100,7 @@ def test_tail_starts_after_the_merged_jump() -> None:
 
 def test_rollouts_in_a_unit_differ_and_share_the_input() -> None:
     backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
-    sampler = flowrl.build("sampler", {"type": "anchor_branch", "group_size": 4, "num_steps": 6})
+    sampler = flowrl.build("sampler", {"type": "anchor_branch", "group_size": 4})
     schedule = Schedule(backbone.schedule_sigmas(6, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
     plan = Plan(units=(Unit(0, 1), Unit(1, 2)), trained=(0, 1))
     with torch.no_grad():
@@ -118,7 +119,7 @@ def test_rollouts_in_a_unit_differ_and_share_the_input() -> None:
 @pytest.mark.parametrize("mode", ["sum_then_normalize", "normalize_then_sum"])
 def test_single_unit_equals_plain_group_norm(mode: str) -> None:
     backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
-    sampler = flowrl.build("sampler", {"type": "anchor_branch", "group_size": 5, "num_steps": 4})
+    sampler = flowrl.build("sampler", {"type": "anchor_branch", "group_size": 5})
     schedule = Schedule(backbone.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
     with torch.no_grad():
         rollout = sampler.rollout(

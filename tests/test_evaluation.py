@@ -88,7 +88,7 @@ def test_one_step_sampling_shares_the_initial_noise() -> None:
 
 def test_profile_cli_prints_one_row_per_step_and_plots(tmp_path: Path) -> None:
     plot = tmp_path / "profile.png"
-    args = ("--prompts", "2", "--group-size", "2", "--json", "--plot", str(plot), "--set", "sampler.num_steps=4")
+    args = ("--prompts", "2", "--group-size", "2", "--json", "--plot", str(plot), "--set", "schedule.num_steps=4")
     out = flowrl_cli("profile", "recipes/flow_grpo.toml", *args)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

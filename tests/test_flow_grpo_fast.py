@@ -57,7 +57,7 @@ def test_window_must_fit_in_the_range() -> None:
 
 def test_only_the_window_is_stochastic_and_recorded() -> None:
     backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
-    sampler = flowrl.build("sampler", {"type": "independent", "group_size": 3, "num_steps": 10})
+    sampler = flowrl.build("sampler", {"type": "independent", "group_size": 3})
     selector = flowrl.build("selector", {"type": "flow_grpo_fast_window"})
     plan = selector.plan(schedule(10), 0, torch.Generator().manual_seed(3))
     with torch.no_grad():

@@ -164,8 +164,8 @@ def test_dpm_tail_on_the_tiny_model_is_closer_to_the_fine_reference() -> None:
 
 def flash_setup(**sampler: object) -> tuple:
     backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
-    flash = flowrl.build("sampler", {"type": "mix_grpo_flash", "group_size": 3, "num_steps": 10, **sampler})
-    plain = flowrl.build("sampler", {"type": "independent", "group_size": 3, "num_steps": 10})
+    flash = flowrl.build("sampler", {"type": "mix_grpo_flash", "group_size": 3, **sampler})
+    plain = flowrl.build("sampler", {"type": "independent", "group_size": 3})
     plan = Plan(units=(Unit(1), Unit(2), Unit(3)), trained=(0, 1, 2))
     return backbone, flash, plain, schedule(10), plan
 

@@ -121,3 +121,38 @@ def test_attention_kernels_setting() -> None:
         setters = (cuda.enable_cudnn_sdp, cuda.enable_flash_sdp, cuda.enable_mem_efficient_sdp, cuda.enable_math_sdp)
         for enable, value in zip(setters, before, strict=True):
             enable(value)
+
+
+def test_the_schedule_is_the_recipes_own_table() -> None:
+    recipe = recipe_from_dict(tiny_recipe(), ["schedule.num_steps=6"])
+    assert (recipe.schedule.num_steps, recipe.schedule.shift) == (6, 3.0)
+    assert tomllib.loads(recipe.to_toml())["schedule"] == {"num_steps": 6, "shift": 3.0}
+    assert "num_steps" not in tomllib.loads(recipe.to_toml())["sampler"]
+    with pytest.raises(RecipeError, match=r"\[schedule.num_steps\] must be >= 1"):
+        recipe_from_dict(tiny_recipe(), ["schedule.num_steps=0"])
+
+
+def test_a_recipe_from_before_the_schedule_table_still_loads() -> None:
+    """Run folders written before [schedule] kept num_steps and shift in [sampler]: they resume unchanged."""
+    old = tiny_recipe()
+    del old["schedule"]
+    old["sampler"].update(num_steps=5, shift=2.0)
+    recipe = recipe_from_dict(old)
+    assert (recipe.schedule.num_steps, recipe.schedule.shift) == (5, 2.0)
+    assert recipe.to_dict() == recipe_from_dict(recipe.to_dict()).to_dict()
+    both = tiny_recipe()
+    both["sampler"]["num_steps"] = 5
+    with pytest.raises(RecipeError, match=r"\[sampler.num_steps\] set in \[schedule\] too"):
+        recipe_from_dict(both)
+
+
+def test_every_part_checks_its_steps_against_the_schedule() -> None:
+    """A sampler's steps are checked like a selector's (AEGPO's delta_steps), through the same declared hook."""
+    data = tiny_recipe()
+    host = {"type": "independent", "group_size": 4}
+    data["sampler"] = {"type": "aegpo_allocate", "host": host, "delta_steps": [1, 4]}
+    with pytest.raises(RecipeError, match=r"\[sampler.delta_steps\] steps \[4\] are outside the schedule's steps 0..3"):
+        recipe_from_dict(data)
+    data["sampler"]["host"]["num_steps"] = 4
+    with pytest.raises(RecipeError, match=r"belong in the recipe's \[schedule\] table"):
+        recipe_from_dict(data)

@@ -22,7 +22,7 @@ from flowrl.types import Plan, RewardBatch, Schedule, Unit
 
 def setup(n: int = 6, **sampler: object) -> tuple:
     backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
-    branch = flowrl.build("sampler", {"type": "tempflow_branch", "group_size": 3, "num_steps": n, **sampler})
+    branch = flowrl.build("sampler", {"type": "tempflow_branch", "group_size": 3, **sampler})
     schedule = Schedule(backbone.schedule_sigmas(n, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
     return backbone, branch, schedule
 
@@ -93,10 +93,12 @@ def test_merged_units_are_refused() -> None:
 def egrpo_and_tempflow(step: int) -> tuple[dict, dict]:
     egrpo = tiny_recipe(max_steps=2)
     egrpo["selector"] = {"type": "egrpo_entropy", "units": [[step, 1]]}
-    egrpo["sampler"] = {"type": "anchor_branch", "group_size": 4, "num_steps": 6, "shift": 3.0}
+    egrpo["schedule"] = {"num_steps": 6, "shift": 3.0}
+    egrpo["sampler"] = {"type": "anchor_branch", "group_size": 4}
     temp = tiny_recipe(max_steps=2)
     temp["selector"] = {"type": "tempflow_steps", "steps": [step]}
     temp["sampler"] = {**egrpo["sampler"], "type": "tempflow_branch", "noise_weighting": False}
+    temp["schedule"] = egrpo["schedule"]
     return egrpo, temp
 
 
@@ -137,8 +139,8 @@ def test_recipe_runs_two_iterations(tmp_path: Path) -> None:
     overrides = ["sampler.group_size=2"]
     Trainer(shipped_tiny("tempflow_grpo", overrides), tmp_path / "run", quiet=True).run()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    g, p = 2, 2  # N = 10: tails 9 + 6 + 3
-    assert [r["nfe"] for r in rows] == [k * p * (7 + g * (9 + 6 + 3)) for k in (1, 2)]  # anchor: steps 0..6
+    g, p = 2, 2  # N = 10, every = 5: branches at steps 0 and 5, tails 9 + 4
+    assert [r["nfe"] for r in rows] == [k * p * (6 + g * (9 + 4)) for k in (1, 2)]  # anchor: steps 0..5
     assert all(math.isfinite(r["loss"]) for r in rows)
 
 

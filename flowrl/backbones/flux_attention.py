@@ -9,7 +9,7 @@ their entropy ``H = -sum_k p_k log p_k``.
 The processor mirrors ``FluxAttnProcessor.__call__`` of diffusers 0.42 and uses two private helpers
 (``_get_qkv_projections``, ``apply_rotary_emb``); ``tests/test_attention_probe.py`` pins them.
 Only :class:`~flowrl.backbones.flux.FluxAdapter` calls into this module; algorithms see
-``Backbone.attention_entropy``.
+the capability ``flowrl.interfaces.AttentionEntropyProbe``.
 """
 
 from __future__ import annotations

@@ -78,14 +78,14 @@ def entropy(args: argparse.Namespace) -> int:
     from flowrl.types import Schedule
 
     recipe = load_recipe(args.recipe, args.set)
-    sampler = recipe.parts["sampler"].config
-    sigmas = tuple(float(s) for s in shifted_sigmas(sampler.num_steps, sampler.shift))
+    grid = recipe.schedule
+    sigmas = tuple(float(s) for s in shifted_sigmas(grid.num_steps, grid.shift))
     schedule = Schedule(sigmas, recipe.build("kernel"))
     plan = recipe.build("selector").plan(schedule, 0, torch.Generator().manual_seed(recipe.seed))
     units = [(u.start, u.merge) for u in plan.units]
     rows = entropy_table(schedule, max(1, args.max_merge))
     kernel = recipe.parts["kernel"]
-    print(f"{recipe.name}: {kernel.type} {kernel.to_table()}, N = {sampler.num_steps}, shift = {sampler.shift}")
+    print(f"{recipe.name}: {kernel.type} {kernel.to_table()}, N = {grid.num_steps}, shift = {grid.shift}")
     print("h_mK: per-dimension entropy (nats) of one jump from this step over K steps")
     print(format_table(rows))
     print(f"units (start, merge) chosen by the selector at iteration 0: {units}")
@@ -136,11 +136,9 @@ def profile(args: argparse.Namespace) -> int:
     from flowrl.types import Schedule
 
     loaded = load_policy(Path(args.path), args.set)
-    sampler = loaded.recipe.parts["sampler"].config
-    schedule = Schedule(
-        loaded.backbone.schedule_sigmas(sampler.num_steps, sampler.shift), loaded.recipe.build("kernel")
-    )
-    group = args.group_size or int(getattr(sampler, "group_size", 8))
+    grid = loaded.recipe.schedule
+    schedule = Schedule(loaded.backbone.schedule_sigmas(grid.num_steps, grid.shift), loaded.recipe.build("kernel"))
+    group = args.group_size or int(getattr(loaded.recipe.parts["sampler"].config, "group_size", 8))
     prompts = loaded.prompts.sample(args.prompts, torch.Generator().manual_seed(args.seed))
     with tqdm(total=schedule.num_steps, desc="profile", disable=args.json, leave=False) as bar:
         rows = reward_profile(loaded.backbone, prompts, loaded.rewards, schedule, group, args.seed, bar)

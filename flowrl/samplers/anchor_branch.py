@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import attrs
 import torch
-from attrs.validators import ge, gt
+from attrs.validators import ge
 
 from flowrl.extras import PerRollout
 from flowrl.interfaces import Backbone, RolloutSampler
@@ -30,8 +30,6 @@ class AnchorBranchSampler(RolloutSampler):
     @attrs.frozen
     class Config:
         group_size: int = attrs.field(default=12, validator=ge(1))  # rollouts per (prompt, unit)
-        num_steps: int = attrs.field(default=16, validator=ge(1))  # denoising steps (N)
-        shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
 
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 import torch
-from attrs.validators import ge, gt
+from attrs.validators import ge
 from torch import Tensor
 
 from flowrl.interfaces import Backbone, RolloutSampler
@@ -21,8 +21,6 @@ class IndependentSampler(RolloutSampler):
     @attrs.frozen
     class Config:
         group_size: int = attrs.field(default=8, validator=ge(1))  # rollouts per prompt (G)
-        num_steps: int = attrs.field(default=16, validator=ge(1))  # denoising steps (N)
-        shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
         same_noise: bool = False  # one initial noise shared by a prompt's G rollouts (DanceGRPO)
 
     def rollout(

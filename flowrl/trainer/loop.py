@@ -68,16 +68,15 @@ class Trainer:
         kernel = recipe.build("kernel")
         self.backbone: Backbone = recipe.build("backbone")
         self.backbone.to(self.accelerator.device)
-        sampler_cfg = self.sampler.config
-        sigmas = self.backbone.schedule_sigmas(sampler_cfg.num_steps, sampler_cfg.shift)
-        self.schedule = Schedule(sigmas=sigmas, kernel=kernel)
+        grid = recipe.schedule
+        self.schedule = Schedule(sigmas=self.backbone.schedule_sigmas(grid.num_steps, grid.shift), kernel=kernel)
         pixels = int(getattr(self.backbone.config, "resolution", 0)) ** 2
         check_rollout_fits(recipe.source, self.cfg.prompts_per_step, self.sampler.rollouts_per_prompt(),
-                           sampler_cfg.num_steps, self.backbone.latent_shape, pixels, self.accelerator.device)
-        eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, sampler_cfg.shift)
+                           grid.num_steps, self.backbone.latent_shape, pixels, self.accelerator.device)
+        eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, grid.shift)
         self.eval_schedule = Schedule(sigmas=eval_sigmas, kernel=kernel)  # ODE only: the kernel is unused
-        self.probes_reference = any(getattr(part, "needs_reference", False) for part in (self.selector, self.sampler))
-        needs = self.probes_reference or bool(getattr(self.loss_fn, "needs_reference", False))
+        self.probes_reference = self.selector.needs_reference or self.sampler.needs_reference
+        needs = self.probes_reference or self.loss_fn.needs_reference
         self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs)
         self.named_params = self.policy.named_params
         # Every part's state_dict is checkpointed (a stateful estimator or reward resumes like a selector).

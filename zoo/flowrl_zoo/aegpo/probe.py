@@ -1,6 +1,6 @@
 """Attention-entropy curves along a deterministic ODE trajectory, shared by AEGPO's selector and allocator.
 
-Everything model-specific stays behind ``Backbone.attention_entropy``; this module only walks the
+Everything model-specific stays behind the backbone's ``velocity_and_entropy``; this module only walks the
 schedule. Each prompt starts from its own fixed noise (seeded by the prompt text), so the entropy of
 the current policy and the cached entropy of the base policy are measured along comparable paths.
 """
@@ -14,22 +14,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowrl import Backbone, Conditioning, Schedule
+from flowrl import Backbone, Conditioning, Schedule, UserError
+from flowrl.interfaces import AttentionEntropyProbe
 
 
 def velocity_and_entropy(
     backbone: Backbone, x: Tensor, s: Tensor, cond: Conditioning, options: Any
 ) -> tuple[Tensor, Tensor]:
-    """Velocity and attention entropy ``(B,)`` at one step.
-
-    One probed forward when the backbone offers ``velocity_and_entropy`` (the probe pass returns the
-    transformer output too); otherwise a plain forward for the velocity plus a probed one (two NFE).
-    """
-    fused = getattr(backbone, "velocity_and_entropy", None)
-    if callable(fused):
-        v, h = fused(x, s, cond, options)
-        return v, h
-    return backbone.velocity(x, s, cond), backbone.attention_entropy(x, s, cond, options)
+    """Velocity and attention entropy ``(B,)`` at one step: one probed forward of a backbone that offers
+    the capability (:class:`flowrl.interfaces.AttentionEntropyProbe`)."""
+    if not isinstance(backbone, AttentionEntropyProbe):
+        raise UserError(
+            f"AEGPO measures attention entropy, which backbone '{backbone.registered_name or type(backbone).__name__}'"
+            " does not expose; use a FLUX backbone (flux, tiny_flux, world_tiny)"
+        )
+    return backbone.velocity_and_entropy(x, s, cond, options)
 
 
 def probe_noise(backbone: Backbone, prompts: Sequence[str], seed: int) -> Tensor:

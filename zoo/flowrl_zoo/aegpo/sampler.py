@@ -28,6 +28,9 @@ def host_table(value: Any) -> dict[str, Any]:
         raise ValueError("missing 'type' (a sampler name, e.g. 'independent'; flowrl ls sampler)")
     if name == "aegpo_allocate":
         raise ValueError("aegpo_allocate cannot wrap itself")
+    stale = [key for key in ("num_steps", "shift") if key in spec]
+    if stale:  # recipes before [schedule] set them in the host's table
+        raise ValueError(f"{' and '.join(stale)} belong in the recipe's [schedule] table, not in the host's")
     try:
         cls: Any = registry("sampler").get(name)
     except RegistryError as error:
@@ -36,9 +39,8 @@ def host_table(value: Any) -> dict[str, Any]:
         config = structure(cls.Config, spec, "host")
     except ConfigError as error:
         raise ValueError("; ".join(f"{path}: {msg}" for path, msg in error.problems)) from None
-    for key in ("group_size", "num_steps", "shift"):
-        if not hasattr(config, key):
-            raise ValueError(f"sampler '{name}' has no '{key}'; AEGPO needs a host with a group size")
+    if not hasattr(config, "group_size"):
+        raise ValueError(f"sampler '{name}' has no 'group_size'; AEGPO needs a host with a group size")
     return {"type": name, **unstructure(config)}
 
 
@@ -82,8 +84,6 @@ class EntropyAllocation(RolloutSampler):
                 raise ValueError(
                     f"need min_group <= host group_size <= max_group, got {self.min_group}, {g}, {self.upper}"
                 )
-            if any(k < 0 or k >= self.num_steps for k in self.delta_steps):
-                raise ValueError(f"delta_steps {list(self.delta_steps)} must lie in 0..{self.num_steps - 1}")
 
         @property
         def group_size(self) -> int:
@@ -91,16 +91,17 @@ class EntropyAllocation(RolloutSampler):
             return int(self.host["group_size"])
 
         @property
-        def num_steps(self) -> int:
-            return int(self.host["num_steps"])
-
-        @property
-        def shift(self) -> float:
-            return float(self.host["shift"])
-
-        @property
         def upper(self) -> int:
             return self.max_group if self.max_group is not None else 2 * self.group_size
+
+    @staticmethod
+    def check_steps(config: Config, num_steps: int) -> list[tuple[str, str]]:
+        bad = [k for k in config.delta_steps if not 0 <= k < num_steps]
+        if bad:
+            return [("delta_steps", f"steps {bad} are outside the schedule's steps 0..{num_steps - 1}")]
+        host: Any = registry("sampler").get(config.host["type"])
+        host_config = structure(host.Config, {k: v for k, v in config.host.items() if k != "type"}, "host")
+        return [(f"host.{key}", message) for key, message in host.check_steps(host_config, num_steps)]
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)

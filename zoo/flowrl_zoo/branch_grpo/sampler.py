@@ -51,8 +51,6 @@ class BranchTreeSampler(RolloutSampler):
     @attrs.frozen
     class Config:
         factor: int = attrs.field(default=2, validator=ge(2))  # children per node at each split
-        num_steps: int = attrs.field(default=20, validator=ge(1))  # denoising steps (N)
-        shift: float = attrs.field(default=3.0, validator=gt(0))  # schedule shift k
         exploration_temperature: float = attrs.field(default=1.0, validator=gt(0))  # noise scale T; 1.0 = off
         max_leaves: int = attrs.field(default=4096, validator=ge(1))  # refuse trees wider than this per prompt
 
