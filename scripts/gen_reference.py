@@ -6,7 +6,8 @@
 For each kind, in ``flowrl.KINDS`` order, every registered name (core and plugins such as the zoo) with
 its one-line summary, the first paragraph of its docstring after that summary, and its config fields:
 type, default, constraints (read from the attrs validators) and the field's source comment, if any.
-The ``[schedule]``, ``[optim]``, ``[trainer]`` and ``[lora]`` tables follow. The output depends only on what is registered.
+The ``[schedule]``, ``[optim]``, ``[trainer]`` and ``[lora]`` tables follow. The output depends only on what is
+registered.
 """
 
 from __future__ import annotations
