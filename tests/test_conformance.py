@@ -94,13 +94,18 @@ def test_selector_and_kernel_conform(path: Path) -> None:
     check_selector(lambda: recipe.build("selector"), schedule, observe=observer(recipe))
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=recipe_id)
-def test_sampler_conforms(path: Path) -> None:
-    recipe, schedule = loaded(path)
+def first_plan(recipe: Recipe, schedule: Schedule) -> Plan:
+    """The recipe's own selector's plan for iteration 0 (after observing the model, if it does)."""
     selector = recipe.build("selector")
     if (watch := observer(recipe)) is not None:
         watch(selector)
-    plan = selector.plan(schedule, 0, torch.Generator().manual_seed(0))
+    return selector.plan(schedule, 0, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=recipe_id)
+def test_sampler_conforms(path: Path) -> None:
+    recipe, schedule = loaded(path)
+    plan = first_plan(recipe, schedule)
     rollout = check_sampler(lambda: recipe.build("sampler"), tiny(), schedule, plan, PROMPTS)
     assert rollout.num_rollouts >= len(PROMPTS)
 

@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from test_conformance import PROMPTS, RECIPES, loaded, observer, recipe_id, tiny
+from test_conformance import PROMPTS, RECIPES, first_plan, loaded, recipe_id, tiny
 
 import flowrl
 from flowrl.conformance import ConformanceError, check_advantage, check_loss
@@ -37,10 +37,7 @@ TREE_RECIPE = Path("branch_grpo.toml")
 def rollout(path: Path) -> Rollout:
     """A rollout of the recipe's own selector and sampler on the tiny FLUX model."""
     recipe, schedule = loaded(path)
-    selector = recipe.build("selector")
-    if (watch := observer(recipe)) is not None:
-        watch(selector)
-    plan = selector.plan(schedule, 0, torch.Generator().manual_seed(0))
+    plan = first_plan(recipe, schedule)
     with torch.no_grad():
         return recipe.build("sampler").rollout(tiny(), PROMPTS, plan, schedule, RolloutRNG(0, 0, range(len(PROMPTS))))
 
