@@ -206,3 +206,21 @@ def test_resume_drops_a_torn_last_metrics_line(tmp_path: Path) -> None:
     data["trainer"]["max_steps"] = 3
     train(recipe_from_dict(data), tmp_path / "run", resume=tmp_path / "run", quiet=True)
     assert [r["step"] for r in rows(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_a_checkpoint_appears_whole_or_not_at_all(tmp_path: Path) -> None:
+    """The recipe, LoRA export and samples are written into the staging folder before its rename: a kill at any
+    moment cannot leave a step folder whose recipe.toml is missing or cut (a resume would then refuse it)."""
+    from flowrl.trainer.checkpoint import load_checkpoint, save_checkpoint
+
+    folder = tmp_path / "checkpoints" / "step_000001"
+    seen: list[bool] = []
+
+    def also(staged: Path) -> None:
+        seen.append(folder.exists())
+        (staged / "recipe.toml").write_text("name = 'x'\n")
+
+    save_checkpoint(folder, {"w": torch.ones(2)}, {"step": 1}, {"rng": None}, keep=None, also=also)
+    assert seen == [False]  # written while the folder was still in staging
+    assert (folder / "recipe.toml").read_text() == "name = 'x'\n"
+    assert load_checkpoint(folder)[1]["step"] == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +57,20 @@ def save_checkpoint(
     extra: dict[str, Any],
     keep: int | None,
     staged: bool = False,
+    also: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write ``folder`` atomically: weights, JSON state and a torch file of everything else; then keep the
-    newest ``keep`` step folders beside it (None: prune nothing). ``staged``: :func:`begin_checkpoint` was
-    called and every process has written its shard (:func:`save_shard`) into the staging folder."""
+    """Write ``folder`` atomically: weights, JSON state and a torch file of everything else, plus whatever
+    ``also(staging_folder)`` writes (the recipe, a LoRA export, sample images), all before the rename, so a
+    kill at any moment leaves either the complete folder or none; then keep the newest ``keep`` step folders
+    beside it (None: prune nothing). ``staged``: :func:`begin_checkpoint` was called and every process has
+    written its shard (:func:`save_shard`) into the staging folder."""
     folder = Path(folder)
     tmp = staging(folder) if staged else begin_checkpoint(folder)
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / WEIGHTS))
     torch.save(extra, tmp / "extra.pt")
     (tmp / STATE).write_text(json.dumps(state, indent=2))
+    if also is not None:
+        also(tmp)
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)

@@ -93,14 +93,16 @@ class RunCheckpoints:
             "rng": rng_state({}),
             "components": {name: part.state_dict() for name, part in self.components.items()},
         }
+
+        def also(staged: Path) -> None:  # inside the staging folder: renamed into place with the rest
+            if lora is not None:  # also in the diffusers format: pipe.load_lora_weights(path / "lora")
+                export_lora(policy.backbone, staged / LORA_FOLDER, layers=lora)
+            (staged / "recipe.toml").write_text(self.recipe.to_toml())
+            if grid is not None:
+                write_grid(grid, staged / "samples.png")
+
         keep = self.recipe.trainer.keep_checkpoints
-        path = save_checkpoint(folder, weights, state, extra, keep, staged=policy.sharded)
-        if lora is not None:  # also in the diffusers format: pipe.load_lora_weights(path / "lora")
-            export_lora(policy.backbone, path / LORA_FOLDER, layers=lora)
-        (path / "recipe.toml").write_text(self.recipe.to_toml())
-        if grid is not None:
-            write_grid(grid, path / "samples.png")
-        return path
+        return save_checkpoint(folder, weights, state, extra, keep, staged=policy.sharded, also=also)
 
     def save_best(self, counters: dict[str, Any], figure: str, value: float) -> None:
         """Write ``checkpoints/best``: the weights, the counters and the figure that made them the best."""
@@ -109,8 +111,12 @@ class RunCheckpoints:
             return
         folder = self.run_dir / "checkpoints" / BEST
         state = {k: counters[k] for k in ("step", "nfe", "wall_s")} | {"best": {"figure": figure, "value": value}}
-        save_checkpoint(folder, weights, state, {}, keep=None)
-        (folder / "recipe.toml").write_text(self.recipe.to_toml())
+        recipe = self.recipe.to_toml()
+
+        def also(staged: Path) -> None:  # in the staging folder, renamed into place with the weights
+            (staged / "recipe.toml").write_text(recipe)
+
+        save_checkpoint(folder, weights, state, {}, keep=None, also=also)
 
     def resume(self, folder: Path) -> dict[str, Any]:
         """Restore the policy, RNG and component state from a step checkpoint; returns its counters."""
