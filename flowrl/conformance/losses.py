@@ -66,6 +66,28 @@ def _reference_rule(loss: Loss, build: Callable[[bool], Any], run: Callable[[Any
                 "reference copy of the model for it)")
 
 
+def _off_centre(loss: Loss, run: Callable[[Any], Any], build: Callable[[Tensor], Any], leaf: Callable[[], Tensor],
+                wrt: str, rows_name: str) -> tuple[Tensor, dict[str, float]]:
+    """The rules every loss keeps away from the trust-region centre, on ``build(v)`` for a fresh ``v = leaf()``:
+    a finite scalar, deterministic, differentiable with respect to ``v``, and a mean over its rows (the batch's
+    loss equals its two halves' share-weighted losses). Returns the loss and its stats."""
+    v = leaf()
+    batch = build(v)
+    value, stats = _call(loss, lambda: run(batch))
+    require(_num(_call(loss, lambda: run(build(leaf())))[0]) == _num(value), loss, "the same inputs gave another loss")
+    grad = _grad(value, v)
+    require(grad is not None and finite(grad) and bool(grad.abs().sum() > 0), loss,
+            f"the loss must be differentiable with respect to {wrt} (a finite, non-zero gradient)")
+    n = int(v.shape[0])
+    weighted = 0.0
+    for rows in (slice(0, n // 2), slice(n // 2, n)):
+        part = type(batch)(**{k: _rows(t, rows) for k, t in attrs.asdict(batch, recurse=False).items()})
+        weighted += _num(_call(loss, functools.partial(run, part))[0]) * (rows.stop - rows.start)
+    require(abs(weighted / n - _num(value)) <= SPLIT_TOL * max(1.0, abs(_num(value))), loss,
+            f"the loss must be a mean over {rows_name} (the batch's loss differs from its halves' share-weighted sum)")
+    return value, stats
+
+
 # -- policy losses ---------------------------------------------------------------------------------
 def check_policy_loss(
     loss: PolicyLoss, transitions: int = 8, latent_shape: Sequence[int] = (4, 6), seed: int = 0
@@ -105,22 +127,8 @@ def check_policy_loss(
         return v0.clone().requires_grad_(True)
 
     # off the centre: shape, determinism, differentiability, a mean over transitions
-    v = leaf()
-    batch = inputs(v, False, advantages)
-    value, stats = _call(loss, lambda: loss(batch))
+    _, stats = _off_centre(loss, loss, lambda v: inputs(v, False, advantages), leaf, "the policy", "transitions")
     require("clip_frac" in stats and 0.0 <= float(stats["clip_frac"]) <= 1.0, loss, "stats need clip_frac in [0, 1]")
-    require(_num(_call(loss, lambda: loss(inputs(leaf(), False, advantages)))[0]) == _num(value), loss,
-            "the same inputs gave another loss")
-    grad = _grad(value, v)
-    require(grad is not None and finite(grad) and bool(grad.abs().sum() > 0), loss,
-            "the loss must be differentiable with respect to the policy (a finite, non-zero gradient)")
-    half = transitions // 2
-    parts = []
-    for rows in (slice(0, half), slice(half, transitions)):
-        part = LossInputs(**{k: _rows(t, rows) for k, t in attrs.asdict(batch, recurse=False).items()})
-        parts.append(_num(_call(loss, functools.partial(loss, part))[0]) * (rows.stop - rows.start))
-    require(abs(sum(parts) / transitions - _num(value)) <= SPLIT_TOL * max(1.0, abs(_num(value))), loss,
-            "the loss must be a mean over transitions (the batch's loss differs from its halves' share-weighted sum)")
 
     # the trust-region centre
     v = leaf()
@@ -182,22 +190,7 @@ def check_forward_process_loss(
     def leaf() -> Tensor:
         return v0.clone().requires_grad_(True)
 
-    v = leaf()
-    batch = inputs(v, False, advantages)
-    value, _ = _call(loss, lambda: loss.forward_process(batch))
-    require(_num(_call(loss, lambda: loss.forward_process(inputs(leaf(), False, advantages)))[0]) == _num(value),
-            loss, "the same inputs gave another loss")
-    grad = _grad(value, v)
-    require(grad is not None and finite(grad) and bool(grad.abs().sum() > 0), loss,
-            "the loss must be differentiable with respect to v (a finite, non-zero gradient)")
-    half = rollouts // 2
-    parts = []
-    for rows in (slice(0, half), slice(half, rollouts)):
-        part = ForwardProcessInputs(**{k: _rows(f, rows) for k, f in attrs.asdict(batch, recurse=False).items()})
-        parts.append(_num(_call(loss, functools.partial(loss.forward_process, part))[0]))
-    share = sum(p * n for p, n in zip(parts, (half, rollouts - half), strict=True)) / rollouts
-    require(abs(share - _num(value)) <= SPLIT_TOL * max(1.0, abs(_num(value))), loss,
-            "the loss must be a mean over rollouts (the batch's loss differs from its halves' share-weighted sum)")
+    _off_centre(loss, loss.forward_process, lambda v: inputs(v, False, advantages), leaf, "v", "rollouts")
 
     v = leaf()
     value, _ = _call(loss, lambda: loss.forward_process(inputs(v, True, torch.zeros(rollouts))))
