@@ -32,16 +32,20 @@ def host_table(value: Any) -> dict[str, Any]:
     if stale:  # recipes before [schedule] set them in the host's table
         raise ValueError(f"{' and '.join(stale)} belong in the recipe's [schedule] table, not in the host's")
     try:
-        cls: Any = registry("sampler").get(name)
+        _, config = host_part({"type": name, **spec})
     except RegistryError as error:
         raise ValueError(str(error)) from None
-    try:
-        config = structure(cls.Config, spec, "host")
     except ConfigError as error:
         raise ValueError("; ".join(f"{path}: {msg}" for path, msg in error.problems)) from None
     if not hasattr(config, "group_size"):
         raise ValueError(f"sampler '{name}' has no 'group_size'; AEGPO needs a host with a group size")
     return {"type": name, **unstructure(config)}
+
+
+def host_part(host: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The host sampler's registered class and its validated config, from a host table ``{"type": ..., ...}``."""
+    cls: Any = registry("sampler").get(host["type"])
+    return cls, structure(cls.Config, {k: v for k, v in host.items() if k != "type"}, "host")
 
 
 def check_host(_instance: object, _attribute: object, value: Any) -> None:
@@ -99,8 +103,7 @@ class EntropyAllocation(RolloutSampler):
         bad = [k for k in config.delta_steps if not 0 <= k < num_steps]
         if bad:
             return [("delta_steps", f"steps {bad} are outside the schedule's steps 0..{num_steps - 1}")]
-        host: Any = registry("sampler").get(config.host["type"])
-        host_config = structure(host.Config, {k: v for k, v in config.host.items() if k != "type"}, "host")
+        host, host_config = host_part(config.host)
         return [(f"host.{key}", message) for key, message in host.check_steps(host_config, num_steps)]
 
     def __init__(self, config: Config) -> None:
