@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -30,12 +31,11 @@ def finite_stats(stats: Any) -> bool:
     """A mapping of names to finite plain numbers (what the trainer logs and averages)."""
     if not isinstance(stats, Mapping):
         return False
-    for key, value in stats.items():
-        if not isinstance(key, str) or not isinstance(value, int | float) or isinstance(value, bool):
-            return False
-        if not torch.isfinite(torch.tensor(float(value))):
-            return False
-    return True
+    return all(
+        isinstance(key, str) and isinstance(value, int | float) and not isinstance(value, bool)
+        and math.isfinite(value)
+        for key, value in stats.items()
+    )
 
 
 def close(a: Tensor, b: Tensor, tolerance: float) -> bool:
