@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, tiny_recipe
@@ -209,6 +210,35 @@ def test_resume_decisions(tmp_path: Path) -> None:
     assert not is_complete(run, other) and not can_continue(run, other)
 
 
+def test_extend_decisions(tmp_path: Path) -> None:
+    from flowrl.bench.run import can_extend
+    from flowrl.recipe import recipe_from_dict
+    from flowrl.tomlwrite import dumps
+
+    def bench_recipe(budget: int, *more: str) -> Any:
+        return recipe_from_dict(tiny_recipe(), [*bench_overrides(0, budget, 2, None), *more])
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.toml").write_text(bench_recipe(100).to_toml())
+    assert not can_extend(run, bench_recipe(200))  # no checkpoint to continue from
+    (run / "checkpoints" / "step_000003").mkdir(parents=True)
+    assert can_extend(run, bench_recipe(200))
+    assert not can_extend(run, bench_recipe(100))  # the same run: reused or continued, not extended
+    assert not can_extend(run, bench_recipe(50))  # a smaller budget: trained again
+    assert not can_extend(run, bench_recipe(200, "optim.lr=2e-4"))  # anything else changed: trained again
+    assert not can_extend(run, bench_recipe(200, "trainer.eval_every=3"))
+    # A run folder written before the [schedule] table (num_steps under [sampler]) still extends.
+    old = tiny_recipe()
+    old["sampler"].update(old.pop("schedule"))
+    old_run = recipe_from_dict(old, bench_overrides(0, 100, 2, None)).to_dict()
+    old_run["sampler"].update(old_run.pop("schedule"))
+    (run / "recipe.toml").write_text(dumps(old_run))
+    assert can_extend(run, bench_recipe(200))
+    (run / "recipe.toml").write_text("not = [toml")
+    assert not can_extend(run, bench_recipe(200))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -282,3 +312,29 @@ def test_bench_cli_end_to_end(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr[-3000:]
     reused = json.loads((out / "results.json").read_text())["bench"]["reused"]
     assert sorted(reused) == ["alpha/seed0", "alpha/seed1", "beta/seed0", "beta/seed1"]
+
+
+@pytest.mark.slow
+def test_extended_run_equals_a_run_given_the_larger_budget(tmp_path: Path) -> None:
+    from flowrl.bench.run import run_bench
+
+    recipe = _write_recipe(tmp_path / "a.toml", "alpha")
+    options = {"eval_every": 1, "eval_prompts": 1, "quiet": True}
+    run_bench([recipe], [0], 64, tmp_path / "grown", **options)  # 32 NFE per iteration: 2 iterations
+    grown = run_bench([recipe], [0], 128, tmp_path / "grown", resume=True, **options)
+    fresh = run_bench([recipe], [0], 128, tmp_path / "fresh", **options)
+    assert grown["bench"]["extended"] == ["alpha/seed0"] and not grown["bench"]["reused"]
+    run = tmp_path / "grown" / "runs" / "alpha" / "seed0"
+    assert (run / "recipe.step_000002.toml").is_file()  # the settings of the first two iterations are kept
+
+    def rows(bench: Path) -> list[dict[str, Any]]:
+        lines = (bench / "runs" / "alpha" / "seed0" / "metrics.jsonl").read_text().splitlines()
+        # Timings differ; the drift from the initial policy is measured after a run's last iteration, so the
+        # extended run has it at step 2 as well (read-only: the rows after it are unchanged).
+        timing = ("wall_s", "time/", "mem/", "health/velocity_drift", "health/kl_initial")
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(timing)} for line in lines]
+
+    # Same operations in the same order on the same process: the losses, rewards and scores are equal exactly.
+    assert rows(tmp_path / "grown") == rows(tmp_path / "fresh") and rows(tmp_path / "fresh")[-1]["step"] == 4
+    final = json.loads((run / FINAL_EVAL).read_text())
+    assert final["step"] == 4 and final["eval/score"] == fresh["methods"]["alpha"]["seeds"]["0"]["final"]["score"]

@@ -32,7 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="report folder; runs go to DIR/runs/<name>/seed<k> (default: runs/bench-<time>)")
     parser.add_argument("--resume", action="store_true",
                         help="reuse runs in DIR finished with the same resolved recipe, continue interrupted ones"
-                        " from their checkpoint (needs --output-dir)")
+                        " from their checkpoint, extend runs with a smaller --nfe-budget to this one (needs"
+                        " --output-dir)")
     parser.add_argument("--quiet", action="store_true", help="no per-run training bars (the bar over runs stays)")
     parser.set_defaults(func=main)
 
@@ -56,8 +57,9 @@ def main(args: argparse.Namespace) -> int:
         reference=args.reference, metric=args.metric, resume=args.resume, quiet=args.quiet,
     )
     print(markdown(results), end="")
-    for key, verb in (("reused", "reused finished"), ("continued", "continued interrupted")):
+    for key, verb in (("reused", "reused finished run(s)"), ("continued", "continued interrupted run(s)"),
+                      ("extended", "extended run(s) to the new budget")):
         if results["bench"].get(key):
-            print(f"{verb} run(s): {', '.join(results['bench'][key])}")
+            print(f"{verb}: {', '.join(results['bench'][key])}")
     print(f"report: {out / 'results.md'} (results.json, score_vs_nfe.png, score_vs_wall_s.png)")
     return 0

@@ -4,7 +4,10 @@ Each run goes to ``DIR/runs/<recipe name>/seed<k>/`` with the overrides of :func
 user's ``--set``). After a run the harness writes ``final_eval.json`` there: the held-out figures of the
 final weights (the trainer evaluates only every ``eval_every`` iterations, so its last evaluation may be
 older than the budget's end). That file also marks the run complete: with ``--resume`` a complete run of
-the same resolved recipe is reused, and an interrupted one continues from its newest checkpoint.
+the same resolved recipe is reused, an interrupted one continues from its newest checkpoint, and one that
+differs only in a smaller budget is extended: it continues from its newest checkpoint to the new budget.
+Nothing in a run depends on its budget (the learning-rate schedule is a warm-up only), so an extended run
+trains exactly as a run given the larger budget from the start.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from flowrl.bench.errors import BenchError
 from flowrl.bench.report import FINAL_EVAL, write_report
 from flowrl.recipe import Recipe, RecipeError, load_recipe
 
+# The keys a run may grow when it is extended to a larger budget (the bench sets both to --nfe-budget).
+BUDGET_KEYS = ("trainer.max_nfe", "trainer.max_steps")
 # Recipe keys the harness sets itself, and the option that sets each.
 BENCH_KEYS = {
     "seed": "--seeds",
@@ -130,6 +135,28 @@ def can_continue(run_dir: Path, recipe: Recipe) -> bool:
     return same_recipe(run_dir, recipe) and any((run_dir / "checkpoints").glob("step_*"))
 
 
+def can_extend(run_dir: Path, recipe: Recipe) -> bool:
+    """A run with a checkpoint whose recipe differs from ``recipe`` only in a smaller budget (:data:`BUDGET_KEYS`):
+    continuing it to ``recipe``'s budget gives the run ``recipe`` describes."""
+    import tomllib
+
+    from flowrl.recipe import recipe_from_dict
+    from flowrl.trainer.resume import recipe_changes
+
+    saved = run_dir / "recipe.toml"
+    if not saved.is_file() or not any((run_dir / "checkpoints").glob("step_*")):
+        return False
+    try:
+        before = recipe_from_dict(tomllib.loads(saved.read_text(encoding="utf-8")), source=str(saved)).to_dict()
+    except (RecipeError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False  # not a recipe this version reads: the run is trained again
+    changes = recipe_changes(before, recipe.to_dict())
+    return bool(changes) and all(
+        key in BUDGET_KEYS and isinstance(old, int) and isinstance(new, int) and 0 < old < new
+        for key, old, new in changes
+    )
+
+
 def clear_run_dir(run_dir: Path) -> None:
     """Remove an earlier run in ``run_dir`` (the trainer would append to its metrics)."""
     import shutil
@@ -159,7 +186,10 @@ def train_one(recipe: Recipe, run_dir: Path, quiet: bool, continue_run: bool = F
     from flowrl.trainer import Trainer
     from flowrl.trainer.errors import NonFiniteError, NothingTrainedError
 
-    if not continue_run:
+    if continue_run:
+        # An extended run's old final figures must not mark it complete if this continuation is interrupted.
+        (run_dir / FINAL_EVAL).unlink(missing_ok=True)
+    else:
         clear_run_dir(run_dir)
     reset_peak_memory()
     trainer = Trainer(recipe, run_dir, resume=run_dir if continue_run else None, quiet=quiet)
@@ -222,6 +252,7 @@ def run_bench(
     runs: dict[str, dict[int, Path]] = {}
     reused: list[str] = []
     continued: list[str] = []
+    extended: list[str] = []
     start = time.perf_counter()
     with tqdm(total=len(plan) * len(seeds), desc="bench", unit="run") as bar:
         for name, by_seed in plan.items():
@@ -232,6 +263,9 @@ def run_bench(
                     reused.append(f"{name}/seed{seed}")
                 elif resume and can_continue(run_dir, recipe):
                     continued.append(f"{name}/seed{seed}")
+                    train_one(recipe, run_dir, quiet, continue_run=True)
+                elif resume and can_extend(run_dir, recipe):
+                    extended.append(f"{name}/seed{seed}")
                     train_one(recipe, run_dir, quiet, continue_run=True)
                 else:
                     train_one(recipe, run_dir, quiet)
@@ -248,6 +282,7 @@ def run_bench(
         "resume": resume,
         "reused": reused,
         "continued": continued,
+        "extended": extended,
         "bench_s": round(time.perf_counter() - start, 2),
     }
     try:
