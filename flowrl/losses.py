@@ -14,15 +14,18 @@ from flowrl.types import LossInputs
 def ppo_clip_objective(
     log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float
 ) -> tuple[Tensor, Tensor]:
-    """Per-transition ``max(-A r, -A clip(r, 1 - e, 1 + e))`` and the ratio ``r = exp(logp - logp_old)``."""
+    """Per-transition ``max(-A r, -A clip(r, 1 - e, 1 + e))`` and the ratio ``r = exp(logp - logp_old)``;
+    ``old_log_prob`` and ``advantages`` are constants (detached: no gradient reaches them)."""
+    old_log_prob, advantages = old_log_prob.detach(), advantages.detach()
     ratio = torch.exp(log_prob - old_log_prob)
     clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
     return torch.maximum(-advantages * ratio, -advantages * clipped), ratio
 
 
 def gaussian_mean_kl(mean: Tensor, ref_mean: Tensor, std: Tensor) -> Tensor:
-    """Per-transition ``mean_dims (mean - ref_mean)^2 / (2 std^2)``: KL of two Gaussians with one std."""
-    sq = (mean.float() - ref_mean.float()).square().flatten(1).mean(1)
+    """Per-transition ``mean_dims (mean - ref_mean)^2 / (2 std^2)``: KL of two Gaussians with one std (the
+    reference is a constant: detached)."""
+    sq = (mean.float() - ref_mean.detach().float()).square().flatten(1).mean(1)
     return sq / (2.0 * std.float().square())
 
 

@@ -127,10 +127,28 @@ class NegatedNFT(NFT):  # type: ignore[misc, valid-type]
         return super().forward_process(attrs.evolve(batch, advantages=-batch.advantages))
 
 
+class LeakyPPO(PPO):  # type: ignore[misc, valid-type]
+    """Lets a gradient into the old log-density (its value unchanged): the update would move the old policy."""
+
+    def __call__(self, batch: Any) -> Any:
+        loss, stats = super().__call__(batch)
+        return loss + (batch.old_log_prob - batch.old_log_prob.detach()).mean(), stats
+
+
+class LeakyNFT(NFT):  # type: ignore[misc, valid-type]
+    """Lets a gradient into the advantages (its value unchanged): the update would move a learned reward too."""
+
+    def forward_process(self, batch: Any) -> Any:
+        loss, stats = super().forward_process(batch)
+        return loss + (batch.advantages - batch.advantages.detach()).mean(), stats
+
+
 @pytest.mark.parametrize(
     ("loss", "rule"),
     [
         (SummedPPO, "mean over transitions"),
+        (LeakyPPO, "treat old_log_prob as a constant"),
+        (LeakyNFT, "treat advantages as a constant"),
         (AscentPPO, "-k A w"),
         (GlobalTimesNFT, "only from its generator"),
         (NegatedNFT, "towards eps - x0"),

@@ -88,6 +88,20 @@ def _off_centre(loss: Loss, run: Callable[[Any], Any], build: Callable[[Tensor],
     return value, stats
 
 
+def _constants_rule(loss: Loss, run: Callable[[Any], Any], batch: Any, names: Sequence[str]) -> None:
+    """The inputs ``names`` (old policy, reference, advantages) are constants of the objective: given with a
+    gradient, none may reach them (a loss that let it through would train the old policy or the reward)."""
+    leaves = {name: getattr(batch, name).detach().clone().requires_grad_(True) for name in names
+              if isinstance(getattr(batch, name), Tensor)}
+    value, _ = _call(loss, lambda: run(attrs.evolve(batch, **leaves)))
+    if not value.requires_grad:
+        return
+    grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+    for name, grad in zip(leaves, grads, strict=True):
+        require(grad is None or not bool(grad.abs().sum() > 0), loss,
+                f"the loss must treat {name} as a constant (detach it): a gradient reached it")
+
+
 # -- policy losses ---------------------------------------------------------------------------------
 def check_policy_loss(
     loss: PolicyLoss, transitions: int = 8, latent_shape: Sequence[int] = (4, 6), seed: int = 0
@@ -97,6 +111,8 @@ def check_policy_loss(
     - a finite scalar loss and stats of finite numbers with ``clip_frac`` in [0, 1];
     - the loss is differentiable with respect to the policy (a finite, non-zero gradient reaches the velocity);
     - deterministic: the same inputs give the same loss;
+    - the old log-densities, the advantages and the reference are constants: given with a gradient, none
+      reaches them;
     - a mean over transitions: the loss of a batch equals the share-weighted losses of its two halves (the
       trainer backpropagates ``loss * share`` per micro-batch);
     - at the trust-region centre (ratio 1, reference = policy): ``clip_frac`` is 0, the gradient with
@@ -129,6 +145,7 @@ def check_policy_loss(
     # off the centre: shape, determinism, differentiability, a mean over transitions
     _, stats = _off_centre(loss, loss, lambda v: inputs(v, False, advantages), leaf, "the policy", "transitions")
     require("clip_frac" in stats and 0.0 <= float(stats["clip_frac"]) <= 1.0, loss, "stats need clip_frac in [0, 1]")
+    _constants_rule(loss, loss, inputs(leaf(), False, advantages), ("old_log_prob", "advantages", "ref_mean"))
 
     # the trust-region centre
     v = leaf()
@@ -160,6 +177,7 @@ def check_forward_process_loss(
     - ``sample_times(n, generator)``: ``n`` levels in (0, 1), the same for the same generator seed;
     - a finite scalar loss and stats of finite numbers; differentiable with respect to ``v`` (finite,
       non-zero gradient); deterministic; a mean over rollouts (a batch equals its halves, share-weighted);
+    - ``v_old``, the advantages and ``v_ref`` are constants: given with a gradient, none reaches them;
     - at the centre (``v = v_old``, reference = policy): zero advantages give a zero gradient, and the step
       down the gradient moves each rollout's velocity towards its flow-matching target ``eps - x0`` when its
       advantage is positive and away from it when negative;
@@ -191,6 +209,7 @@ def check_forward_process_loss(
         return v0.clone().requires_grad_(True)
 
     _off_centre(loss, loss.forward_process, lambda v: inputs(v, False, advantages), leaf, "v", "rollouts")
+    _constants_rule(loss, loss.forward_process, inputs(leaf(), False, advantages), ("v_old", "advantages", "v_ref"))
 
     v = leaf()
     value, _ = _call(loss, lambda: loss.forward_process(inputs(v, True, torch.zeros(rollouts))))

@@ -22,7 +22,7 @@ def adaptive_x0_loss(x0_hat: Tensor, x0: Tensor) -> Tensor:
 
 def optimality(advantages: Tensor, clip: float) -> Tensor:
     """``r = clamp(A / (2 c) + 0.5, 0, 1)`` with ``A`` clipped to ``[-c, c]``."""
-    a = advantages.float().clamp(-clip, clip)
+    a = advantages.detach().float().clamp(-clip, clip)
     return (a / (2.0 * clip) + 0.5).clamp(0.0, 1.0)
 
 
@@ -74,7 +74,7 @@ class DiffusionNFTLoss(ForwardProcessLoss):
         if c.kl_beta > 0:
             if batch.v_ref is None:
                 raise ValueError("diffusion_nft with kl_beta > 0 needs the reference velocity (v_ref)")
-            kl = (v - batch.v_ref.float()).square().mean()
+            kl = (v - batch.v_ref.detach().float()).square().mean()
             loss = loss + c.kl_beta * kl
             stats["kl"] = float(kl.detach())
         return loss, stats
