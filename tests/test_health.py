@@ -1,4 +1,4 @@
-"""Per-iteration health signals: within-group diversity and the share of groups without reward spread."""
+"""Per-iteration health signals: within-group diversity and the share of groups that add no policy gradient."""
 
 from __future__ import annotations
 
@@ -14,11 +14,32 @@ def test_diversity_is_the_mean_rms_distance_within_groups() -> None:
     # group 0: three images, two equal and one brighter by c everywhere; group 1: two equal images
     images = torch.stack([base, base, base + c, base, base])
     group = torch.tensor([0, 0, 0, 1, 1])
-    total = torch.tensor([0.1, 0.2, 0.3, 0.5, 0.5])
-    health = rollout_health(images, group, total)
+    advantages = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0])
+    health = rollout_health(images, group, advantages)
     # group 0: ordered pairs (0,1) 0, (0,2) c, (1,2) c, twice each over 6 ordered pairs -> 2c/3; group 1: 0
     assert health["health/diversity"] == pytest.approx((2 * c / 3 + 0.0) / 2, rel=1e-5)
-    assert health["health/zero_spread"] == 0.5  # group 1's rewards are equal
+    assert health["health/zero_spread"] == 0.5  # group 1's advantages are zero
+
+
+def test_zero_spread_counts_the_advantages_not_the_totals() -> None:
+    """Two rewards normalised one by one, then summed with weights 2 and 1: a group whose totals are all equal
+    (b = -2a) still gets non-zero advantages, and adds to the gradient."""
+    from types import SimpleNamespace
+
+    from flowrl.advantages import GroupNorm
+    from flowrl.types import RewardBatch
+
+    a = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    rewards = RewardBatch({"a": a, "b": -2 * a}, {"a": 2.0, "b": 1.0})
+    assert float(rewards.total.abs().max()) == 0.0
+    group = torch.zeros(4, dtype=torch.long)
+    estimator = GroupNorm(GroupNorm.Config(multi_reward="normalize_then_sum"))
+    values = estimator(rewards, SimpleNamespace(group=group)).values  # type: ignore[arg-type]  # reads .group only
+    assert float(values.abs().min()) > 0.1
+    assert rollout_health(torch.rand(4, 3, 4, 4), group, values)["health/zero_spread"] == 0.0
+    same = estimator(RewardBatch({"a": torch.ones(4), "b": torch.ones(4)}, {"a": 2.0, "b": 1.0}),
+                     SimpleNamespace(group=group))  # type: ignore[arg-type]
+    assert rollout_health(torch.rand(4, 3, 4, 4), group, same.values)["health/zero_spread"] == 1.0
 
 
 def test_large_images_are_pooled_before_the_distance() -> None:

@@ -7,8 +7,10 @@ catch both:
 - ``health/diversity``: within each group, the root-mean-square pixel distance between two of its images
   (images in [0, 1], average-pooled to at most 64 x 64 so a 1024 px rollout costs no more than a small
   one), averaged over the group's pairs, then over groups. 0 when every group is one image repeated.
-- ``health/zero_spread``: the share of groups whose total rewards are all equal (within 1e-6). Such a
-  group has zero advantages and contributes no gradient.
+- ``health/zero_spread``: the share of groups whose advantages are all zero (within 1e-6). Such a group adds
+  nothing to the policy gradient. With a group-normalised estimator these are the groups whose rewards are all
+  equal; counting advantages rather than rewards keeps the figure right where they differ (rewards normalised
+  one by one before a weighted sum, or a baseline that is not the group's mean).
 
 :class:`HealthAlerts` turns them, and the evaluations, into warnings.
 """
@@ -22,14 +24,14 @@ import torch
 from torch import Tensor
 
 POOLED = 64  # side of the images the distance is measured on
-EQUAL = 1e-6  # rewards closer than this count as equal
+ZERO = 1e-6  # advantages within this of 0 count as zero
 
 
-def rollout_health(images: Tensor, group: Tensor, total: Tensor) -> dict[str, float]:
+def rollout_health(images: Tensor, group: Tensor, advantages: Tensor) -> dict[str, float]:
     """``health/diversity`` and ``health/zero_spread`` of one rollout batch.
 
-    ``images`` (R, 3, H, W) in [0, 1]; ``group`` (R,) the group id of each image; ``total`` (R,) its total
-    reward. Groups of one image count for neither figure."""
+    ``images`` (R, 3, H, W) in [0, 1]; ``group`` (R,) the group id of each image; ``advantages`` (R,) its
+    advantage. Groups of one image count for neither figure."""
     pixels = images.detach().float().cpu()
     if max(pixels.shape[-2:]) > POOLED:
         pixels = torch.nn.functional.adaptive_avg_pool2d(pixels, POOLED)
@@ -43,8 +45,7 @@ def rollout_health(images: Tensor, group: Tensor, total: Tensor) -> dict[str, fl
         pair = torch.cdist(x, x) / x.shape[1] ** 0.5  # RMS distance per pixel value
         n = len(members)
         distances.append(float(pair.sum()) / (n * (n - 1)))  # the diagonal is 0
-        rewards = total[members]
-        flat_groups += int(float(rewards.max() - rewards.min()) <= EQUAL)
+        flat_groups += int(float(advantages[members].abs().max()) <= ZERO)
     if not distances:
         return {}
     return {"health/diversity": sum(distances) / len(distances), "health/zero_spread": flat_groups / len(distances)}
