@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import attrs
@@ -39,6 +40,27 @@ def test_run_folder(tmp_path: Path) -> None:
     ckpt = run / "checkpoints" / "step_000002"
     assert (ckpt / "weights.safetensors").exists() and (ckpt / "samples.png").exists()
     assert load_file(str(ckpt / "weights.safetensors"))
+
+
+def test_sample_row_is_drawn_once_per_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation and a checkpoint at the same step share one sample row (the weights are the same)."""
+    import flowrl.evaluate
+
+    drawn: list[int] = []
+    real = flowrl.evaluate.ode_images
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        if sys._getframe(1).f_code.co_name == "grid":  # the sample row, not the evaluation's own images
+            drawn.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(flowrl.evaluate, "ode_images", counted)
+    recipe = recipe_from_dict(tiny_recipe(image_every=1, eval_every=1, eval_prompts=1, checkpoint_every=1))
+    run = train(recipe, tmp_path / "run", quiet=True)
+    # steps 0, 1, 2 evaluated; steps 1 and 2 checkpointed (2 twice: the loop's and the final save)
+    assert len(drawn) == 3
+    assert {p.name for p in (run / "samples").glob("*.png")} == {f"step_{k:06d}.png" for k in range(3)}
+    assert (run / "checkpoints" / "step_000001" / "samples.png").is_file()
 
 
 def test_first_update_is_on_policy(tmp_path: Path) -> None:

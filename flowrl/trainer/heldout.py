@@ -30,9 +30,11 @@ class HeldOut:
     ) -> None:
         self.prompts, self.rewards, self.schedule, self.cfg = prompts, rewards, schedule, cfg
         self.policy, self.backbone, self.accelerator = policy, policy.backbone, policy.accelerator
+        self._grid: tuple[int, Grid | None] | None = None  # the last sample row and the step it was drawn at
 
-    def evaluate(self, grid_file: Path) -> dict[str, float]:
-        """Figures keyed ``eval/...`` (``{}`` without evaluation prompts); the sample row goes to ``grid_file``."""
+    def evaluate(self, grid_file: Path, step: int) -> dict[str, float]:
+        """Figures keyed ``eval/...`` (``{}`` without evaluation prompts) of the policy after ``step``
+        iterations; the sample row goes to ``grid_file``."""
         from flowrl.evaluate import evaluate
 
         prompts = self.prompts.heldout()[: self.cfg.eval_prompts]
@@ -41,18 +43,23 @@ class HeldOut:
         self.backbone.module.eval()
         with self.policy.inference(), self.backbone.uncounted():  # evaluation is not part of the training budget
             result = evaluate(self.backbone, prompts, self.rewards, self.schedule, self.cfg.eval_seed)
-            grid = self.grid()
+            grid = self.grid(step)
         if grid is not None and self.accelerator.is_main_process:
             write_grid(grid, grid_file)
         return {f"eval/{k}": v for k, v in result.items() if k not in ("nfe", "prompts")}
 
-    def grid(self) -> Grid | None:
-        """Deterministic ODE samples (seed 0) for the first 8 held-out (or training) prompts, and the prompts;
-        None where this process has no part in them (``trainer.image_every = 0``, or not the main process
-        of an unsharded run; when sharded every process takes part in the forwards)."""
+    def grid(self, step: int) -> Grid | None:
+        """Deterministic ODE samples (seed 0) of the policy after ``step`` iterations for the first 8 held-out
+        (or training) prompts, and the prompts; None where this process has no part in them
+        (``trainer.image_every = 0``, or not the main process of an unsharded run; when sharded every process
+        takes part in the forwards). Drawn once per step: a checkpoint at an evaluation's step reuses its row."""
         from flowrl.evaluate import ode_images
 
-        if not self.cfg.image_every or not (self.accelerator.is_main_process or self.policy.sharded):
-            return None
-        prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
-        return ode_images(self.backbone, prompts, self.schedule, seed=0), prompts
+        if self._grid is not None and self._grid[0] == step:
+            return self._grid[1]
+        grid: Grid | None = None
+        if self.cfg.image_every and (self.accelerator.is_main_process or self.policy.sharded):
+            prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
+            grid = ode_images(self.backbone, prompts, self.schedule, seed=0), prompts
+        self._grid = (step, grid)
+        return grid

@@ -247,7 +247,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Held-out figures of the current policy (flowrl.trainer.heldout), keys ``eval/...``; the sample row
         goes to ``samples/step_N.png`` (flowrl report)."""
-        return self.heldout.evaluate(self.run_dir / "samples" / f"step_{self.step:06d}.png")
+        return self.heldout.evaluate(self.run_dir / "samples" / f"step_{self.step:06d}.png", self.step)
 
     def score(self, rollout: Rollout) -> RewardBatch:
         return score_rollout(self.rewards, rollout)

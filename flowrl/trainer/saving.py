@@ -58,7 +58,7 @@ class RunCheckpoints:
         recipe: Recipe,
         policy: TrainedPolicy,
         components: dict[str, Component],
-        grid: Callable[[], Grid | None],
+        grid: Callable[[int], Grid | None],
     ) -> None:
         self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, policy.accelerator
         self.components, self.grid = components, grid
@@ -81,7 +81,7 @@ class RunCheckpoints:
             save_shard(folder, accelerator.process_index, {k: policy_state.pop(k) for k in ("optimizer", "ema")})
             accelerator.wait_for_everyone()
         with policy.inference():
-            grid = self.grid()
+            grid = self.grid(step)
         if not accelerator.is_main_process:
             return None
         best = counters["best_value"]
