@@ -108,10 +108,10 @@ def test_config_validation() -> None:
     assert math.isclose(PPOClip.Config().clip_range, 1e-4)
 
 
-PAPER_KL_RECIPES = sorted(
+PAPER_KL_RECIPES = sorted(  # the PPO-clip recipes with a KL term (DiffusionNFT's KL is another term)
     p
     for p in (ROOT / "recipes").rglob("*.toml")
-    if tomllib.loads(p.read_text()).get("loss", {}).get("kl_beta", 0) > 0
+    if (loss := tomllib.loads(p.read_text()).get("loss", {})).get("kl_beta", 0) > 0 and loss.get("type") == "ppo_clip"
 )
 
 
