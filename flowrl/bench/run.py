@@ -132,7 +132,12 @@ def is_complete(run_dir: Path, recipe: Recipe) -> bool:
 
 def can_continue(run_dir: Path, recipe: Recipe) -> bool:
     """An interrupted run of exactly this resolved recipe with a checkpoint to continue from."""
-    return same_recipe(run_dir, recipe) and any((run_dir / "checkpoints").glob("step_*"))
+    return same_recipe(run_dir, recipe) and has_checkpoint(run_dir)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """``run_dir`` holds a step checkpoint to continue from."""
+    return any((run_dir / "checkpoints").glob("step_*"))
 
 
 def can_extend(run_dir: Path, recipe: Recipe) -> bool:
@@ -140,14 +145,13 @@ def can_extend(run_dir: Path, recipe: Recipe) -> bool:
     continuing it to ``recipe``'s budget gives the run ``recipe`` describes."""
     import tomllib
 
-    from flowrl.recipe import recipe_from_dict
-    from flowrl.trainer.resume import recipe_changes
+    from flowrl.trainer.resume import recipe_changes, saved_settings
 
     saved = run_dir / "recipe.toml"
-    if not saved.is_file() or not any((run_dir / "checkpoints").glob("step_*")):
+    if not saved.is_file() or not has_checkpoint(run_dir):
         return False
     try:
-        before = recipe_from_dict(tomllib.loads(saved.read_text(encoding="utf-8")), source=str(saved)).to_dict()
+        before = saved_settings(saved)
     except (RecipeError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return False  # not a recipe this version reads: the run is trained again
     changes = recipe_changes(before, recipe.to_dict())

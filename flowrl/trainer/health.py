@@ -32,7 +32,7 @@ def rollout_health(images: Tensor, group: Tensor, advantages: Tensor) -> dict[st
 
     ``images`` (R, 3, H, W) in [0, 1]; ``group`` (R,) the group id of each image; ``advantages`` (R,) its
     advantage. Groups of one image count for neither figure."""
-    pixels = images.detach().float().cpu()
+    pixels, advantages = images.detach().float().cpu(), advantages.detach().float().cpu()
     if max(pixels.shape[-2:]) > POOLED:
         pixels = torch.nn.functional.adaptive_avg_pool2d(pixels, POOLED)
     flat = pixels.flatten(1)

@@ -24,7 +24,7 @@ def iteration_metrics(
     metrics["reward/total"] = float(rewards.total.mean())
     metrics["advantage/abs_mean"] = float(advantages.values.abs().mean())
     metrics.update({f"advantage/{k}/abs_mean": float(v.abs().mean()) for k, v in advantages.per_reward.items()})
-    metrics.update(rollout_health(rollout.images, rollout.group, advantages.values.detach().float().cpu()))
+    metrics.update(rollout_health(rollout.images, rollout.group, advantages.values))
     metrics.update(update)
     metrics.update(plan_scalars(plan))
     total, model = seconds["iteration"], seconds["transformer"]

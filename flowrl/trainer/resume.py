@@ -36,14 +36,19 @@ def recipe_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+def saved_settings(recipe_file: Path) -> dict[str, Any]:
+    """The resolved settings of a saved ``recipe.toml`` (a recipe written before the ``[schedule]`` table is
+    read as the current format)."""
+    return recipe_from_dict(tomllib.loads(recipe_file.read_text(encoding="utf-8")), source=str(recipe_file)).to_dict()
+
+
 def check_resume(checkpoint: Path, recipe: Recipe) -> list[tuple[str, Any, Any]]:
     """The changes ``recipe`` makes to the recipe that wrote ``checkpoint``: a :class:`RecipeError` naming
     each key outside :data:`RESUMABLE`, else the list (empty when nothing changed)."""
     saved = Path(checkpoint) / "recipe.toml"
     if not saved.is_file():
         return []  # a checkpoint from before recipes were saved with it: nothing to compare
-    before = recipe_from_dict(tomllib.loads(saved.read_text(encoding="utf-8")), source=str(saved)).to_dict()
-    changes = recipe_changes(before, recipe.to_dict())
+    changes = recipe_changes(saved_settings(saved), recipe.to_dict())
     refused = [(k, old, new) for k, old, new in changes if not k.startswith(RESUMABLE)]
     if refused:
         raise RecipeError(
