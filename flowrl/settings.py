@@ -14,10 +14,16 @@ positive: Any = gt(0)
 class ScheduleConfig:
     """The denoising grid rollouts walk and training replays (``[schedule]``): ``num_steps`` steps of the
     backbone's shifted flow-matching schedule. Held-out evaluation uses ``trainer.eval_steps`` steps with the
-    same ``shift``."""
+    same ``shift``.
+
+    ``final_sde = false`` (the default) takes the last step, to noise level 0, by the ODE unless the selector
+    trains it: an untrained unit ending there is dropped from every plan, so the image the reward scores is
+    the clean estimate ``x - s v`` of the last step's input and no untrained noise reaches the reward.
+    ``true`` keeps the selector's plan as it is (a stochastic untrained last step, as earlier flowrl releases ran)."""
 
     num_steps: int = attrs.field(default=16, validator=ge(1))  # denoising steps (N)
     shift: float = attrs.field(default=3.0, validator=positive)  # schedule shift k
+    final_sde: bool = False  # keep an untrained SDE unit ending at noise level 0 (default: that step is ODE)
 
 
 @attrs.frozen

@@ -95,6 +95,14 @@ class Plan:
         if self.group_sizes is not None and min(self.group_sizes, default=1) < 1:
             raise PlanError(f"group sizes must be at least 1, got {self.group_sizes}")
 
+    def finish_by_ode(self, num_steps: int) -> Plan:
+        """This plan with its last unit dropped when that unit ends at step ``num_steps`` (noise level 0) and
+        is not trained: the step to 0 is then the Euler ODE step, which lands on the clean estimate
+        ``x - s v``, so noise that nothing is trained on never reaches the reward. A trained last unit stays."""
+        if not self.units or self.units[-1].end != num_steps or len(self.units) - 1 in self.trained:
+            return self
+        return attrs.evolve(self, units=self.units[:-1])
+
     def unit_at(self, step: int) -> Unit | None:
         for unit in self.units:
             if unit.start == step:

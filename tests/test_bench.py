@@ -232,7 +232,8 @@ def test_extend_decisions(tmp_path: Path) -> None:
     old = tiny_recipe()
     old["sampler"].update(old.pop("schedule"))
     old_run = recipe_from_dict(old, bench_overrides(0, 100, 2, None)).to_dict()
-    old_run["sampler"].update(old_run.pop("schedule"))
+    grid = old_run.pop("schedule")
+    old_run["sampler"].update({key: grid[key] for key in ("num_steps", "shift")})  # all that [schedule] had then
     (run / "recipe.toml").write_text(dumps(old_run))
     assert can_extend(run, bench_recipe(200))
     (run / "recipe.toml").write_text("not = [toml")

@@ -20,6 +20,7 @@ USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 
 
 def train(args: argparse.Namespace) -> int:
     from flowrl.trainer import train as run_training
+    from flowrl.trainer.summary import run_summary
 
     recipe = load_recipe(args.recipe, args.set)
     if args.resume:  # fail before any folder is created or written, and before any model loads
@@ -37,7 +38,7 @@ def train(args: argparse.Namespace) -> int:
         raise RunFolderError(f"--output-dir {run_dir}: {blocked} is a file, not a folder; choose another --output-dir")
     out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     if os.environ.get("RANK", "0") == "0":
-        print(f"run folder: {out}")
+        print(run_summary(out, recipe.trainer.keep_best))
     return 0
 
 
@@ -82,6 +83,8 @@ def entropy(args: argparse.Namespace) -> int:
     sigmas = tuple(float(s) for s in shifted_sigmas(grid.num_steps, grid.shift))
     schedule = Schedule(sigmas, recipe.build("kernel"))
     plan = recipe.build("selector").plan(schedule, 0, torch.Generator().manual_seed(recipe.seed))
+    if not grid.final_sde:
+        plan = plan.finish_by_ode(grid.num_steps)
     units = [(u.start, u.merge) for u in plan.units]
     rows = entropy_table(schedule, max(1, args.max_merge))
     kernel = recipe.parts["kernel"]

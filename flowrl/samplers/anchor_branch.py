@@ -11,15 +11,18 @@ serves the whole group. Rollouts are grouped by (prompt, unit).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 import torch
 from attrs.validators import ge
+from torch import Tensor
 
 from flowrl.extras import PerRollout
 from flowrl.interfaces import Backbone, RolloutSampler
 from flowrl.registry import register
 from flowrl.rng import RolloutRNG
-from flowrl.samplers.walk import ode_tails
+from flowrl.samplers.walk import ode_tails, solver_tail
 from flowrl.types import Conditioning, Plan, Rollout, Schedule, Transitions
 
 
@@ -30,6 +33,10 @@ class AnchorBranchSampler(RolloutSampler):
     @attrs.frozen
     class Config:
         group_size: int = attrs.field(default=12, validator=ge(1))  # rollouts per (prompt, unit)
+        # the ODE tail after each jump: ``tail_steps`` intervals of the grid from i + m to 0 (0: every step),
+        # integrated by ``tail_solver``; coarse tails cut a unit's cost, the jump and its log-density are unchanged
+        tail_solver: Literal["euler", "dpm_solver_2m"] = "euler"
+        tail_steps: int = attrs.field(default=0, validator=ge(0))
 
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
@@ -66,9 +73,9 @@ class AnchorBranchSampler(RolloutSampler):
                 )
             )
             tails.append(out.next)
-            tail_steps.append(torch.full((r,), unit.end, dtype=torch.long))
+            tail_steps.append(unit.end)
         rollout_prompt = prompt_rows.repeat(len(plan.trained))
-        final = ode_tails(backbone, torch.cat(tails), torch.cat(tail_steps), cond.take(rollout_prompt), schedule)
+        final = self.finish(backbone, tails, tail_steps, cond.take(prompt_rows), schedule)
         rollout_unit = torch.tensor(plan.trained).repeat_interleave(r)
         return Rollout(
             prompts=list(prompts),
@@ -81,6 +88,20 @@ class AnchorBranchSampler(RolloutSampler):
             final_latents=final,
             extras={"unit": PerRollout(rollout_unit)},  # the plan unit each rollout explored
         )
+
+    def finish(
+        self, backbone: Backbone, tails: list[Tensor], starts: list[int], cond: Conditioning, schedule: Schedule
+    ) -> Tensor:
+        """The final latents of every unit's rollouts (``tails[k]`` jumped to grid step ``starts[k]``; ``cond``
+        has one row per rollout of a unit). Full Euler tails share batched calls across units (the noise
+        level is per row); coarse or higher-order tails run unit by unit on their own grid."""
+        c = self.config
+        if c.tail_steps == 0 and c.tail_solver == "euler":
+            step = torch.cat([torch.full((len(x),), k, dtype=torch.long) for x, k in zip(tails, starts, strict=True)])
+            every = cond.take(torch.arange(len(cond)).repeat(len(tails)))
+            return ode_tails(backbone, torch.cat(tails), step, every, schedule)
+        return torch.cat([solver_tail(backbone, x, cond, schedule, k, c.tail_solver, c.tail_steps)
+                          for x, k in zip(tails, starts, strict=True)])
 
 
 def anchor_trajectory(

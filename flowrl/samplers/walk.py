@@ -7,6 +7,7 @@ from torch import Tensor
 
 from flowrl.interfaces import Backbone
 from flowrl.rng import RolloutRNG
+from flowrl.samplers.solvers import coarse_grid, solve
 from flowrl.types import Conditioning, Plan, Schedule, Transitions
 
 
@@ -108,3 +109,19 @@ def ode_tails(backbone: Backbone, x: Tensor, step: Tensor, cond: Conditioning, s
         x[active] = x[active] + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
         step[active] = k + 1
     return x
+
+
+def solver_tail(
+    backbone: Backbone, x: Tensor, cond: Conditioning, schedule: Schedule, start: int, solver: str, steps: int
+) -> Tensor:
+    """Finish every row by ODE from grid step ``start`` to ``s = 0`` on a coarse grid: ``steps`` intervals of the
+    schedule's own levels (0: every step; :func:`flowrl.samplers.solvers.coarse_grid`), one evaluation each,
+    integrated with ``solver`` (``euler`` or ``dpm_solver_2m``)."""
+    index = coarse_grid(schedule.num_steps, start, steps)
+    sigmas = schedule.tensor().to(x.device)[torch.tensor(index, device=x.device)]
+    n = x.shape[0]
+
+    def velocity(latents: Tensor, s: Tensor) -> Tensor:
+        return backbone.velocity(latents, s.expand(n), cond)
+
+    return solve(solver, velocity, x, sigmas)

@@ -188,6 +188,8 @@ class Trainer:
             except PlanError as error:
                 selector = self.recipe.parts["selector"].type
                 raise PlanError(f"selector {selector!r} at iteration {step}: {error}") from None
+            if not self.recipe.schedule.final_sde:
+                plan = plan.finish_by_ode(self.schedule.num_steps)
             # 2. rollout with the current (old) policy
             rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
             rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)

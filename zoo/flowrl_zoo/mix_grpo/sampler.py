@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Literal
 
 import attrs
-import torch
 from attrs.validators import ge
 from torch import Tensor
 
 from flowrl import Backbone, Plan, Schedule, register
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.independent import IndependentSampler
-from flowrl.samplers.solvers import coarse_grid, solve
-from flowrl.samplers.walk import TrajectoryRecorder, walk
+from flowrl.samplers.walk import TrajectoryRecorder, solver_tail, walk
 from flowrl.types import Conditioning
 
 
@@ -58,11 +56,4 @@ class MixGRPOFlashSampler(IndependentSampler):
 
     def finish(self, backbone: Backbone, x: Tensor, cond: Conditioning, schedule: Schedule, start: int) -> Tensor:
         """Solve the ODE from grid step ``start`` to ``s = 0`` on the coarse tail grid."""
-        index = coarse_grid(schedule.num_steps, start, self.config.tail_steps)
-        sigmas = schedule.tensor().to(x.device)[torch.tensor(index, device=x.device)]
-        n = x.shape[0]
-
-        def velocity(latents: Tensor, s: Tensor) -> Tensor:
-            return backbone.velocity(latents, s.expand(n), cond)
-
-        return solve(self.config.tail_solver, velocity, x, sigmas)
+        return solver_tail(backbone, x, cond, schedule, start, self.config.tail_solver, self.config.tail_steps)

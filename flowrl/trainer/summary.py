@@ -1,0 +1,88 @@
+"""The summary a person reads when a training run ends, made from the run folder alone (metrics.jsonl and
+checkpoints/best), so a resumed run's summary covers the whole run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from flowrl.trainer.checkpoint import BEST, STATE
+from flowrl.trainer.saving import best_figure
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _with_se(row: dict[str, Any], key: str) -> str:
+    se = row.get(f"{key}_se")
+    return f"{row[key]:.3f} ± {se:.3f}" if isinstance(se, (int, float)) else f"{row[key]:.3f}"
+
+
+def _best(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "checkpoints" / BEST / STATE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("best"), dict) else None
+
+
+def _alerts(rows: list[dict[str, Any]]) -> list[str]:
+    """Each alert that fired, with the steps of its first and last flagged row and the number of rows."""
+    seen: dict[str, list[int]] = {}
+    for row in rows:
+        for key in row:
+            if key.startswith("alert/"):
+                seen.setdefault(key, []).append(int(row["step"]))
+    return [f"{key} at {len(steps)} step(s), {steps[0]}..{steps[-1]}" for key, steps in seen.items()]
+
+
+def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
+    """Lines for the end of ``flowrl train``: iterations and NFE, the first and last evaluation with their
+    standard errors, the best step and its checkpoint, the alerts that fired, and the commands to run next."""
+    rows = _rows(run_dir)
+    trained = [r for r in rows if r.get("step", 0) > 0 and "loss" in r]
+    lines = [f"run folder: {run_dir}"]
+    if not rows:
+        return "\n".join([*lines, "no iteration was logged (metrics.jsonl is empty)"])
+    last = rows[-1]
+    lines.append(f"trained: {last['step']} iterations, {last.get('nfe', 0):,} rollout NFE, "
+                 f"{last.get('wall_s', 0.0):.0f} s (evaluations not counted)")
+    if last.get("skipped_steps"):
+        lines.append(f"skipped: {last['skipped_steps']} iterations for NaN or inf")
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    key = best_figure(evals[-1], keep_best if keep_best else "auto")[0] if evals else ""
+    if not evals:
+        lines.append("evaluation: none ran (trainer.eval_every and eval_every_nfe are 0); only training rewards")
+    elif not key:
+        found = ", ".join(sorted(k for k in evals[-1] if k.startswith("eval/"))) or "none"
+        lines.append(f"evaluation: the reward reports no eval/strict or eval/score figure ({found})")
+    else:
+        first, final = evals[0], evals[-1]
+        change = final[key] - first[key]
+        lines.append(f"{key}: {_with_se(first, key)} at step {first['step']} -> {_with_se(final, key)} at step "
+                     f"{final['step']} ({change:+.3f}; held-out prompts, deterministic ODE samples)")
+        best = _best(run_dir)
+        folder = run_dir / "checkpoints" / BEST
+        if best is not None and math.isfinite(float(best["best"]["value"])):
+            lines.append(f"best: {best['best']['figure']} {best['best']['value']:.3f} at step {best['step']}, "
+                         f"weights in {folder}")
+        else:
+            lines.append(f"best: no evaluation beat step {first['step']}'s {first[key]:.3f}; no {folder}")
+    if trained and "reward/total" in trained[0]:
+        lines.append(f"training reward: {trained[0]['reward/total']:.3f} at step {trained[0]['step']} -> "
+                     f"{trained[-1]['reward/total']:.3f} at step {trained[-1]['step']} (SDE rollouts)")
+    alerts = _alerts(rows)
+    lines.append("alerts: " + ("; ".join(alerts) + " (flowrl report shows when)" if alerts else "none fired"))
+    lines.append("next:")
+    lines.append(f"  flowrl report {run_dir}                     # curves, alerts, samples over the run (HTML)")
+    if evals and _best(run_dir) is not None:
+        lines.append(f"  flowrl eval {run_dir} --checkpoint best     # the best evaluation's weights again")
+    lines.append(f"  flowrl sample {run_dir} --prompt \"...\" --out samples.png")
+    return "\n".join(lines)
