@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -269,3 +270,30 @@ def test_recipe_runs_two_iterations(name: str, tmp_path: Path, monkeypatch: pyte
     assert trainer.sampler.state_dict()["base"]  # H_base cached (and checkpointed with the components)
     total = sum(r["time/iteration_s"] for r in rows)
     print(f"\n{name}: probe {probe_s[0]:.3f} s of {total:.3f} s iteration time = {probe_s[0] / total:.0%}")
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [("aegpo_nft", ["schedule.num_steps=4"]), ("aegpo_mix_grpo_flash", ["schedule.num_steps=8", "selector.window_size=2"])],
+)
+def test_allocation_over_other_hosts(name: str, extra: list[str], tmp_path: Path) -> None:
+    """AEGPO's global allocation over DiffusionNFT and MixGRPO-Flash: parts only. The budget G x prompts is
+    split by ΔEntropy and the host trains with its own loss."""
+    recipe = shipped_tiny(name, [*extra, "sampler.host.group_size=3", "sampler.max_group=6",
+                                 "trainer.train_batch_size=16"])
+    trainer = Trainer(recipe, tmp_path / "run", quiet=True)
+    sizes: list[list[int]] = []
+    real = trainer.sampler.host.rollout
+
+    def recorded(backbone, prompts, plan, schedule, rng):  # type: ignore[no-untyped-def]
+        sizes.append(list(plan.group_sizes))
+        return real(backbone, prompts, plan, schedule, rng)
+
+    trainer.sampler.host.rollout = recorded  # type: ignore[method-assign]
+    trainer.run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+    assert [sum(s) for s in sizes] == [3 * recipe.trainer.prompts_per_step] * 2
+    assert all(2 <= g <= 6 for s in sizes for g in s)
+    if name == "aegpo_nft":
+        assert "nft/r_mean" in rows[0]  # DiffusionNFT's own loss trained
