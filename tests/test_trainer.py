@@ -35,6 +35,8 @@ def test_run_folder(tmp_path: Path) -> None:
     assert set(rows[0]) >= KEYS
     # 2 prompts x G=4 rollouts x 4 steps, one evaluation per rollout per step.
     assert [r["nfe"] for r in rows] == [32, 64]
+    # rows add each update forward twice (forward and backward): 3 trained units x 8 rollouts = 24 inputs
+    assert [r["rows"] for r in rows] == [32 + 2 * 24, 2 * (32 + 2 * 24)]
     assert (run / "recipe.toml").exists()
     assert list((run / "tb").glob("events.out.tfevents.*"))
     ckpt = run / "checkpoints" / "step_000002"
@@ -91,6 +93,7 @@ def test_resume_continues_the_same_run(tmp_path: Path) -> None:
     a, b = metrics(full), metrics(resumed)
     assert [r["step"] for r in b] == [1, 2, 3]
     assert [r["reward/total"] for r in a] == [r["reward/total"] for r in b]
+    assert [r["rows"] for r in a] == [r["rows"] for r in b]  # the rows counter is checkpointed
     wa = load_file(str(full / "checkpoints" / "step_000003" / "weights.safetensors"))
     wb = load_file(str(resumed / "checkpoints" / "step_000003" / "weights.safetensors"))
     # exact: a resumed run replays the same batches, draws and optimiser state through the same arithmetic

@@ -88,6 +88,9 @@ class Trainer:
         self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
         self.step = 0
         self.nfe = 0
+        # every transformer row so far: the rollouts' (nfe) plus each update forward row twice (its forward and
+        # its backward); the "total transformer rows" budget, which counts what training costs as well
+        self.rows = 0
         self.wall = 0.0
         self.budget = Budget(self.cfg, self.accelerator)
         self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
@@ -200,12 +203,17 @@ class Trainer:
         advantages = global_advantages(self.accelerator, self.estimator, rewards, rollout)
         # 4. policy update
         t1 = time.perf_counter()
+        rows0 = self.backbone.nfe
         update = self.update(rollout, advantages, rewards)
+        update_rows = self.backbone.nfe - rows0
         t_update = time.perf_counter() - t1
         # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
         nfe_before = self.nfe
-        self.nfe += reduce_metrics(self.accelerator, {"nfe": nfe_iteration}, summed=("nfe",))["nfe"]
+        counted = reduce_metrics(self.accelerator, {"nfe": nfe_iteration, "rows": nfe_iteration + 2 * update_rows},
+                                 summed=("nfe", "rows"))
+        self.nfe += counted["nfe"]
+        self.rows += counted["rows"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
         self.budget.tick()
@@ -217,6 +225,7 @@ class Trainer:
             "step": self.step,
             "wall_s": round(self.wall, 4),
             "nfe": self.nfe,
+            "rows": self.rows,
             **reduce_metrics(self.accelerator, metrics),
             "skipped_steps": self.skipped,
         }
@@ -283,7 +292,7 @@ class Trainer:
 
     def counters(self) -> dict[str, Any]:
         """What a checkpoint keeps of the loop's progress."""
-        return {"step": self.step, "nfe": self.nfe, "wall_s": self.wall, "skipped": self.skipped,
+        return {"step": self.step, "nfe": self.nfe, "rows": self.rows, "wall_s": self.wall, "skipped": self.skipped,
                 "best_value": self.best_value}
 
     def save(self) -> Path | None:
@@ -292,6 +301,7 @@ class Trainer:
     def _resume(self, folder: Path) -> None:
         counters = self.checkpoints.resume(folder)
         self.step, self.nfe, self.wall = counters["step"], counters["nfe"], counters["wall_s"]
+        self.rows = counters["rows"]
         self.updater.skipped, self.best_value = counters["skipped"], counters["best_value"]
 
 

@@ -140,6 +140,7 @@ class RunCheckpoints:
         return {
             "step": state["step"],
             "nfe": state["nfe"],
+            "rows": int(state.get("rows", 0)),  # checkpoints before the rows counter lack it
             "wall_s": state["wall_s"],
             "skipped": state.get("skipped", 0),
             "best_value": -math.inf if best is None else float(best),
