@@ -88,8 +88,8 @@ class Trainer:
         self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
         self.step = 0
         self.nfe = 0
-        # every transformer row so far: the rollouts' (nfe) plus each update forward row twice (its forward and
-        # its backward); the "total transformer rows" budget, which counts what training costs as well
+        # every transformer row so far: the rollouts' (nfe) plus each row of the update twice (a forward and its
+        # backward; a no-grad reference forward counts the same); the "total transformer rows" budget
         self.rows = 0
         self.wall = 0.0
         self.budget = Budget(self.cfg, self.accelerator)
