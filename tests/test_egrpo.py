@@ -172,3 +172,21 @@ def test_a_tail_as_fine_as_the_grid_equals_the_batched_euler_tails() -> None:
             images.append(sampler.rollout(backbone, ["a", "b"], plan, schedule, RolloutRNG(0, 0, [0, 1])).images)
     # the same arithmetic in different batch compositions: float32 rounding only
     torch.testing.assert_close(images[0], images[1], rtol=1e-5, atol=1e-5)
+
+
+def test_units_as_a_tree_of_merged_jumps() -> None:
+    """E-GRPO's units as the split points of a rollout tree (branch_tree): a merged unit is one SDE jump per
+    child over its whole span; every node is evaluated once, so a prompt costs the sum of its rows per step."""
+    backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
+    schedule = Schedule(backbone.schedule_sigmas(6, 3.0), flowrl.build("kernel", {"type": "flow_grpo_sde"}))
+    plan = Plan(units=(Unit(0, 1), Unit(1, 1), Unit(2, 2)), trained=(0, 1, 2))
+    sampler = flowrl.build("sampler", {"type": "branch_tree", "factor": 2})
+    with torch.no_grad():
+        rollout = sampler.rollout(backbone, ["a", "b"], plan, schedule, RolloutRNG(0, 0, [0, 1]))
+    # rows per step: 1 at step 0, 2 at step 1, 4 at step 2 (jumping to step 4), then 8 at steps 4 and 5
+    assert rollout.nfe == 2 * (1 + 2 + 4 + 8 + 8)
+    assert rollout.num_rollouts == 2 * 8
+    t = rollout.transitions
+    merged = t.unit_index == 2
+    assert torch.allclose(t.s_next[merged], torch.full((int(merged.sum()),), schedule.sigmas[4]))
+    assert len(t) == 2 * (2 + 4 + 8) and t.num_inputs == 2 * (1 + 2 + 4)
