@@ -274,7 +274,10 @@ def test_recipe_runs_two_iterations(name: str, tmp_path: Path, monkeypatch: pyte
 
 @pytest.mark.parametrize(
     ("name", "extra"),
-    [("aegpo_nft", ["schedule.num_steps=4"]), ("aegpo_mix_grpo_flash", ["schedule.num_steps=8", "selector.window_size=2"])],
+    [
+        ("aegpo_nft", ["schedule.num_steps=4"]),
+        ("aegpo_mix_grpo_flash", ["schedule.num_steps=8", "selector.window_size=2"]),
+    ],
 )
 def test_allocation_over_other_hosts(name: str, extra: list[str], tmp_path: Path) -> None:
     """AEGPO's global allocation over DiffusionNFT and MixGRPO-Flash: parts only. The budget G x prompts is

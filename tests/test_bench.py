@@ -15,7 +15,7 @@ from conftest import ROOT, tiny_recipe
 
 from flowrl.bench import BenchError
 from flowrl.bench.curve import interp, x_to_reach
-from flowrl.bench.report import FINAL_EVAL, build_results, write_report
+from flowrl.bench.report import FINAL_EVAL, build_results, markdown, write_report
 from flowrl.bench.run import bench_overrides, parse_seeds
 from flowrl.cli.main import main as flowrl_main
 
@@ -23,10 +23,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def write_run(run_dir: Path, points: list[tuple[int, float]], iteration_s: float = 0.5, peak_mb: float = 100.0,
-              metric: str = "eval/score", extra_nfe: int = 0) -> Path:
+              metric: str = "eval/score", extra_nfe: int = 0, rows_per_nfe: float = 0.0) -> Path:
     """A metrics.jsonl like the trainer's: a step-0 evaluation, then per point a plain row and an eval row.
 
-    Wall time is ``nfe / 100`` s; ``extra_nfe`` adds a last training row without evaluation.
+    Wall time is ``nfe / 100`` s; ``extra_nfe`` adds a last training row without evaluation; with
+    ``rows_per_nfe`` every row also has the ``rows`` counter, ``rows_per_nfe x nfe``.
     """
     run_dir.mkdir(parents=True)
     assert points[0][0] == 0
@@ -43,6 +44,8 @@ def write_run(run_dir: Path, points: list[tuple[int, float]], iteration_s: float
         prev = nfe
     if extra_nfe:
         rows.append({"step": step + 1, "wall_s": (prev + extra_nfe) / 100, "nfe": prev + extra_nfe, **cost})
+    if rows_per_nfe:
+        rows = [{**r, "rows": rows_per_nfe * r["nfe"]} for r in rows]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_dir
 
@@ -142,6 +145,27 @@ def test_pairwise_tests_and_reach_ratios(runs: dict[str, dict[int, Path]]) -> No
     assert by_gain["fast"][0.02]["nfe"] == pytest.approx(10 / 3)
     assert by_gain["slow"][0.08]["nfe"] == pytest.approx(80)
     assert by_gain["slow"][0.08]["low"] == pytest.approx(80) == by_gain["slow"][0.08]["high"]  # identical seeds
+
+
+def test_reach_on_every_axis(tmp_path: Path) -> None:
+    """Steps, NFE and seconds grow alike in these runs, so m needs half of ref's on each; m's transformer rows
+    per NFE are 4x ref's, so in rows it needs twice as many. A run without the rows counter drops that axis."""
+    r = tmp_path / "runs"
+    runs = {
+        "ref": {k: write_run(r / f"ref/seed{k}", [(0, 0.2), (100, 0.4), (200, 0.6)], rows_per_nfe=1) for k in (0, 1)},
+        "m": {k: write_run(r / f"m/seed{k}", [(0, 0.2), (100, 0.6), (200, 0.7)], rows_per_nfe=4) for k in (0, 1)},
+    }
+    results = build_results(runs)
+    by_axis = results["reach_ratios_by_axis"]
+    assert set(by_axis) == {"step", "nfe", "wall_s", "rows"}
+    assert {axis: by_axis[axis]["ref"]["m"]["ratio"] for axis in by_axis} == pytest.approx(
+        {"step": 0.5, "nfe": 0.5, "wall_s": 0.5, "rows": 2.0})
+    assert by_axis["rows"]["ref"]["m"]["low"] == pytest.approx(2.0)  # identical seeds: a degenerate interval
+    text = markdown(results)
+    assert "## To reach ref's final level, on every axis" in text
+    assert "| m | 0.50 [0.50, 0.50] | 0.50 [0.50, 0.50] | 0.50 [0.50, 0.50] | 2.00 [2.00, 2.00] |" in text
+    runs["m"][2] = write_run(r / "m/seed2", [(0, 0.2), (100, 0.6), (200, 0.7)])  # an older run: no rows
+    assert set(build_results(runs)["reach_ratios_by_axis"]) == {"step", "nfe", "wall_s"}
 
 
 def test_reference_and_metric_choice(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:

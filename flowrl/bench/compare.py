@@ -46,35 +46,46 @@ def pairwise(methods: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _reach(curves: Sequence[Mapping[str, Any]], level: float) -> float | None:
-    """NFE at which the mean curve of ``curves`` first reaches ``level`` (``None``: never)."""
-    return x_to_reach(mean_curve([(c["nfe"], c["score"]) for c in curves]), level)
+AXES = ("step", "nfe", "wall_s", "rows")  # what a reach can be counted in: optimizer steps (one per iteration),
+# rollout NFE, training seconds, total transformer rows (rollouts plus the update's forwards and backwards)
 
 
-def _own(curves_r: Sequence[Mapping[str, Any]]) -> float | None:
-    return _reach(curves_r, statistics.fmean(c["score"][-1] for c in curves_r))
+def _reach(curves: Sequence[Mapping[str, Any]], level: float, axis: str = "nfe") -> float | None:
+    """The ``axis`` value at which the mean curve of ``curves`` first reaches ``level`` (``None``: never)."""
+    return x_to_reach(mean_curve([(c[axis], c["score"]) for c in curves]), level)
 
 
-def _ratio(curves_m: Sequence[Mapping[str, Any]], curves_r: Sequence[Mapping[str, Any]]) -> float | None:
-    """NFE for M's mean curve to reach R's final mean / NFE for R's own mean curve to reach it."""
-    own = _own(curves_r)
-    reach = _reach(curves_m, statistics.fmean(c["score"][-1] for c in curves_r))
+def _own(curves_r: Sequence[Mapping[str, Any]], axis: str = "nfe") -> float | None:
+    return _reach(curves_r, statistics.fmean(c["score"][-1] for c in curves_r), axis)
+
+
+def _ratio(curves_m: Sequence[Mapping[str, Any]], curves_r: Sequence[Mapping[str, Any]],
+           axis: str = "nfe") -> float | None:
+    """``axis`` for M's mean curve to reach R's final mean / the same for R's own mean curve."""
+    own = _own(curves_r, axis)
+    reach = _reach(curves_m, statistics.fmean(c["score"][-1] for c in curves_r), axis)
     if own is None or own <= 0 or reach is None:
         return None
     return reach / own
 
 
+def has_axis(methods: Mapping[str, Mapping[str, Any]], axis: str) -> bool:
+    """Every seed's curve of every method has ``axis`` (runs before the ``rows`` counter lack it)."""
+    return all(axis in s["curve"] for m in methods.values() for s in m["seeds"].values())
+
+
 def reach_ratios(methods: Mapping[str, Mapping[str, Any]], resamples: int = 2000,
-                 seed: int = 0) -> dict[str, dict[str, Any]]:
-    """``{R: {M: {"ratio", "low", "high", "undefined", "why"}}}`` for every ordered pair M != R (see the
-    module doc); ``why`` says why a ratio is missing: ``"not reached"``, or ``"no gain"`` when R's own mean
-    curve is at its final level from the start (R did not improve, so "R's NFE" is 0)."""
+                 seed: int = 0, axis: str = "nfe") -> dict[str, dict[str, Any]]:
+    """``{R: {M: {"ratio", "low", "high", "undefined", "why"}}}`` for every ordered pair M != R, counted in
+    ``axis`` (see the module doc); ``why`` says why a ratio is missing: ``"not reached"``, or ``"no gain"``
+    when R's own mean curve is at its final level from the start (R did not improve, so "R's NFE" is 0)."""
     curves = {name: [s["curve"] for s in m["seeds"].values()] for name, m in methods.items()}
     out: dict[str, dict[str, Any]] = {}
     for r, m in itertools.permutations(methods, 2):
-        interval = bootstrap({"m": curves[m], "r": curves[r]}, lambda d: _ratio(d["m"], d["r"]), resamples, seed)
-        ratio = _ratio(curves[m], curves[r])
-        own = _own(curves[r])
+        interval = bootstrap({"m": curves[m], "r": curves[r]}, lambda d: _ratio(d["m"], d["r"], axis), resamples,
+                             seed)
+        ratio = _ratio(curves[m], curves[r], axis)
+        own = _own(curves[r], axis)
         why = "" if ratio is not None else ("no gain" if own is not None and own <= 0 else "not reached")
         out.setdefault(r, {})[m] = {"ratio": ratio, "why": why, **interval}
     return out

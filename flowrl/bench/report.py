@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrl.bench.compare import SIGNIFICANCE, pairwise, reach_levels, reach_ratios
+from flowrl.bench.compare import AXES, SIGNIFICANCE, has_axis, pairwise, reach_levels, reach_ratios
 from flowrl.bench.curve import finite_number, mean_curve, stats, x_to_reach
 from flowrl.bench.errors import BenchError
 
@@ -110,6 +110,8 @@ def seed_summary(run_dir: Path, rows: Sequence[Mapping[str, Any]], points: Seque
         "wall_s": [float(p.get("wall_s", 0.0)) for p in scored],
         "score": [float(p[metric]) for p in scored],
     }
+    if all(finite_number(p.get("rows")) is not None for p in scored):  # runs before the rows counter lack it
+        curve["rows"] = [float(p["rows"]) for p in scored]
     last = scored[-1]
     train = [r for r in rows if r["step"] > 0]
 
@@ -194,6 +196,7 @@ def build_results(
         "methods": methods,
         "pairwise": pairwise(methods),
         "reach_ratios": reach_ratios(methods),
+        "reach_ratios_by_axis": {axis: reach_ratios(methods, axis=axis) for axis in AXES if has_axis(methods, axis)},
         "reach_levels": reach_levels(methods),
     }
 
@@ -242,6 +245,7 @@ def markdown(results: Mapping[str, Any]) -> str:
         *_figures_table(results),
         *_pairwise_table(results),
         *_ratio_table(results),
+        *_axes_table(results),
     ]
     return "\n".join(lines)
 
@@ -301,6 +305,38 @@ def _ratio_table(results: Mapping[str, Any]) -> list[str]:
     note = "\"no gain\": R's mean curve starts at or above its final level, so R needed 0 NFE: no ratio exists."
     lines += ["", note, ""]
     return [*lines, *_levels_table(results)]
+
+
+AXIS_NAMES = {"step": "optimizer steps", "nfe": "rollout NFE", "wall_s": "training seconds", "rows": "transformer rows"}
+
+
+def _axes_table(results: Mapping[str, Any]) -> list[str]:
+    """Each method against the reference on every axis: what it needs to reach the reference's final mean,
+    as a multiple of what the reference itself needed."""
+    by_axis, ref = results.get("reach_ratios_by_axis", {}), results["reference"]
+    axes = [a for a in AXES if a in by_axis]
+    if not axes or len(results["methods"]) < 2:
+        return []
+    lines = [
+        f"## To reach {ref}'s final level, on every axis", "",
+        f"The multiple of {ref}'s own optimizer steps, rollout NFE, training seconds (evaluation excluded) and",
+        "transformer rows (rollout NFE plus the update's forwards and backwards) each method's mean curve needs to",
+        f"reach {ref}'s final mean [95% percentile bootstrap over seeds]; below 1 is faster on that axis.", "",
+        "| method | " + " | ".join(AXIS_NAMES[a] for a in axes) + " |", "| --- |" + " ---: |" * len(axes),
+    ]
+    for m in results["methods"]:
+        if m == ref:
+            continue
+        cells = []
+        for a in axes:
+            cell = by_axis[a].get(ref, {}).get(m)
+            if cell is None:
+                cells.append("—")
+                continue
+            ci = f" [{_fmt(cell['low'], '.2f')}, {_fmt(cell['high'], '.2f')}]" if cell["low"] is not None else ""
+            cells.append(_fmt(cell["ratio"], ".2f", cell.get("why") or "not reached") + ci)
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def _levels_table(results: Mapping[str, Any]) -> list[str]:

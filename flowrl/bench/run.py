@@ -210,7 +210,8 @@ def train_one(recipe: Recipe, run_dir: Path, quiet: bool, continue_run: bool = F
         figures, source = {k: v for k, v in last.items() if k.startswith("eval/")}, "metrics.jsonl"
     else:
         figures, source = trainer.evaluate(), "bench"
-    final = {"step": trainer.step, "wall_s": round(trainer.wall, 4), "nfe": trainer.nfe, **figures, "source": source}
+    final = {"step": trainer.step, "wall_s": round(trainer.wall, 4), "nfe": trainer.nfe, "rows": trainer.rows,
+             **figures, "source": source}
     tmp = run_dir / (FINAL_EVAL + ".tmp")
     tmp.write_text(json.dumps(final) + "\n")
     tmp.replace(run_dir / FINAL_EVAL)

@@ -131,7 +131,7 @@ class Trainer:
         try:
             if self.budget.evaluates and self.step == 0:
                 figures = self.evaluate()
-                self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, **figures})
+                self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, "rows": 0, **figures})
                 self.best_value = self.best_figure(figures)[1]
             while not self.finished():
                 nfe = self.nfe
