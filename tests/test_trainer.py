@@ -204,16 +204,31 @@ def test_best_checkpoint_holds_the_best_evaluation(tmp_path: Path) -> None:
     later = {s: v for s, v in scores.items() if s > 0}
     best_step = max(later, key=lambda s: later[s])
     best = run / "checkpoints" / "best"
-    if later[best_step] <= scores[0]:  # no evaluation beat the initial policy: no best checkpoint
-        assert not best.exists()
-        return
+    if later[best_step] <= scores[0]:  # no evaluation beat the initial policy: best holds the initial weights
+        best_step = 0
     state = json.loads((best / "trainer_state.json").read_text())
-    assert state["step"] == best_step and state["best"] == {"figure": "eval/score", "value": later[best_step]}
-    same = load_file(str(run / "checkpoints" / f"step_{best_step:06d}" / "weights.safetensors"))
+    assert state["step"] == best_step and state["best"] == {"figure": "eval/score", "value": scores[best_step]}
     kept = load_file(str(best / "weights.safetensors"))
-    assert all(torch.equal(kept[n], same[n]) for n in same)  # the weights of that step, bit for bit
+    if best_step:
+        same = load_file(str(run / "checkpoints" / f"step_{best_step:06d}" / "weights.safetensors"))
+        assert all(torch.equal(kept[n], same[n]) for n in same)  # the weights of that step, bit for bit
     assert load_policy(run, checkpoint="best").step == best_step
     assert load_policy(run, checkpoint="2").step == 2 and load_policy(run).step == 4
+
+
+def test_best_checkpoint_exists_when_nothing_beat_the_start(tmp_path: Path) -> None:
+    """lr 0 leaves the weights as they were: no evaluation beats step 0's, and checkpoints/best holds the initial
+    weights, as the summary says."""
+    from flowrl.trainer.summary import run_summary
+
+    data = tiny_recipe(max_steps=2, eval_every=1, eval_prompts=2)
+    data["optim"]["lr"] = 1e-12
+    run = train(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    state = json.loads((run / "checkpoints" / "best" / "trainer_state.json").read_text())
+    scores = [r["eval/score"] for r in metrics(run) if "eval/score" in r]
+    assert state["step"] == 0 and state["best"]["value"] == max(scores) == scores[0]
+    assert load_policy(run, checkpoint="best").step == 0
+    assert "best: eval/score" in run_summary(run) and "at step 0 (the initial weights" in run_summary(run)
 
 
 def test_keep_best_must_name_an_evaluation_figure(tmp_path: Path) -> None:

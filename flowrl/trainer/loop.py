@@ -132,7 +132,7 @@ class Trainer:
             if self.budget.evaluates and self.step == 0:
                 figures = self.evaluate()
                 self.logger.log({"step": 0, "wall_s": 0.0, "nfe": 0, "rows": 0, **figures})
-                self.best_value = self.best_figure(figures)[1]
+                self.keep_best(figures)  # the initial weights: checkpoints/best exists once an evaluation ran
             while not self.finished():
                 nfe = self.nfe
                 metrics = self.iteration()
@@ -283,8 +283,8 @@ class Trainer:
         return best_figure(figures, self.cfg.keep_best, key)
 
     def keep_best(self, metrics: dict[str, Any]) -> None:
-        """Write ``checkpoints/best`` when this evaluation beats every earlier one, the initial policy's
-        included (so a run that never improved has no best checkpoint)."""
+        """Write ``checkpoints/best`` when this evaluation beats every earlier one; the initial policy's
+        evaluation writes it first, so a run that never improved keeps its initial weights there."""
         key, value = self.best_figure(metrics)
         if key and value > self.best_value:
             self.best_value = value

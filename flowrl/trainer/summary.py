@@ -71,7 +71,8 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
         best = _best(run_dir)
         folder = run_dir / "checkpoints" / BEST
         if best is not None and math.isfinite(float(best["best"]["value"])):
-            lines.append(f"best: {best['best']['figure']} {best['best']['value']:.3f} at step {best['step']}, "
+            initial = " (the initial weights: no later evaluation beat them)" if best["step"] == 0 else ""
+            lines.append(f"best: {best['best']['figure']} {best['best']['value']:.3f} at step {best['step']}{initial}, "
                          f"weights in {folder}")
         else:
             lines.append(f"best: no evaluation beat step {first['step']}'s {first[key]:.3f}; no {folder}")
