@@ -87,6 +87,16 @@ def test_checkpoint_choice_is_checked_before_any_work(tmp_path: Path) -> None:
     assert out.returncode == 2 and "no best checkpoint" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_a_checkpoint_choice_inside_a_checkpoint_folder_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "checkpoints" / "step_000002"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text("{}")
+    for which in ("best", "1"):
+        out = flowrl_cli("eval", str(folder), "--checkpoint", which)
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert f"{folder} is a checkpoint folder, so checkpoint '{which}' cannot be chosen in it" in out.stderr
+
+
 def test_a_recipe_saved_with_a_byte_order_mark_validates(tmp_path: Path) -> None:
     recipe = tmp_path / "bom.toml"
     recipe.write_bytes(b"\xef\xbb\xbf" + (ROOT / "recipes" / "flow_grpo.toml").read_bytes())  # Windows editors

@@ -139,6 +139,9 @@ def find_checkpoint(path: Path, which: str = "last") -> Path:
     if not path.exists():
         raise CheckpointError(f"{path}: no such run or checkpoint folder; check the path")
     if (path / STATE).exists():
+        if which != "last":  # a choice among a run's checkpoints: refused, not ignored, for a checkpoint itself
+            raise CheckpointError(f"{path} is a checkpoint folder, so checkpoint '{which}' cannot be chosen in it;"
+                                  " give the run folder, or drop the choice")
         return path
     found = list_checkpoints(path / "checkpoints")
     steps = ", ".join(str(checkpoint_step(p)) for p in found) or "none"
