@@ -363,3 +363,22 @@ def test_extended_run_equals_a_run_given_the_larger_budget(tmp_path: Path) -> No
     assert rows(tmp_path / "grown") == rows(tmp_path / "fresh") and rows(tmp_path / "fresh")[-1]["step"] == 4
     final = json.loads((run / FINAL_EVAL).read_text())
     assert final["step"] == 4 and final["eval/score"] == fresh["methods"]["alpha"]["seeds"]["0"]["final"]["score"]
+
+
+def test_merging_reports_compares_methods_across_them(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
+    """scripts/merge_bench.py: methods from two reports compared as one bench, every comparison computed anew."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from merge_bench import main as merge
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder, names in ((one, ["ref"]), (two, ["fast", "slow"])):
+        folder.mkdir()
+        part = build_results({n: runs[n] for n in names})
+        (folder / "results.json").write_text(json.dumps(part))
+    assert merge([str(one), str(two), "--reference", "ref", "--out", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    whole = build_results(runs)
+    assert merged["reach_ratios"] == whole["reach_ratios"] and merged["pairwise"] == whole["pairwise"]
+    assert "| fast |" in (tmp_path / "merged" / "results.md").read_text()
+    assert merge([str(one), str(one), "--reference", "ref", "--out", str(tmp_path / "x")]) == 2  # a method twice
+    assert merge([str(one), str(tmp_path / "none"), "--reference", "ref", "--out", str(tmp_path / "x")]) == 2

@@ -177,6 +177,15 @@ def build_results(
         )
         for m, seeds in runs.items()
     }
+    return compare_methods(methods, reference, metric, meta)
+
+
+def compare_methods(methods: dict[str, Any], reference: str, metric: str,
+                    meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``results.json`` object from method summaries (``results["methods"]`` of one or more benches of the
+    same metric): every comparison against ``reference`` and between pairs, computed anew."""
+    if reference not in methods:
+        raise BenchError(f"unknown reference '{reference}'; methods: {', '.join(methods)}")
     target = methods[reference]["final_score"]["mean"]
     ref_nfe = x_to_reach(methods[reference]["curve_nfe"], target)
     ref_wall = x_to_reach(methods[reference]["curve_wall_s"], target)
