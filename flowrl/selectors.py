@@ -10,7 +10,22 @@ import torch
 
 from flowrl.interfaces import TimestepSelector
 from flowrl.registry import register
-from flowrl.types import Plan, Schedule, Unit
+from flowrl.types import Plan, PlanError, Schedule, Unit
+
+
+def iteration_plan(
+    selector: TimestepSelector, schedule: Schedule, iteration: int, generator: torch.Generator, final_sde: bool,
+    name: str,
+) -> Plan:
+    """``selector``'s plan for one iteration, checked against the schedule (a :class:`PlanError` names the
+    selector ``name``); unless ``final_sde`` (``[schedule] final_sde``), an untrained last unit ending at noise
+    level 0 is dropped, so that step is the ODE step (:meth:`Plan.finish_by_ode`)."""
+    plan = selector.plan(schedule, iteration, generator)
+    try:
+        plan.check(schedule.num_steps)
+    except PlanError as error:
+        raise PlanError(f"selector {name!r} at iteration {iteration}: {error}") from None
+    return plan if final_sde else plan.finish_by_ode(schedule.num_steps)
 
 
 def as_units(value: Iterable[Iterable[int]]) -> tuple[tuple[int, int], ...]:

@@ -76,15 +76,15 @@ def entropy(args: argparse.Namespace) -> int:
 
     from flowrl.entropy import entropy_table, format_table, plot_entropy
     from flowrl.schedule import shifted_sigmas
+    from flowrl.selectors import iteration_plan
     from flowrl.types import Schedule
 
     recipe = load_recipe(args.recipe, args.set)
     grid = recipe.schedule
     sigmas = tuple(float(s) for s in shifted_sigmas(grid.num_steps, grid.shift))
     schedule = Schedule(sigmas, recipe.build("kernel"))
-    plan = recipe.build("selector").plan(schedule, 0, torch.Generator().manual_seed(recipe.seed))
-    if not grid.final_sde:
-        plan = plan.finish_by_ode(grid.num_steps)
+    generator, selector = torch.Generator().manual_seed(recipe.seed), recipe.parts["selector"].type
+    plan = iteration_plan(recipe.build("selector"), schedule, 0, generator, grid.final_sde, selector)
     units = [(u.start, u.merge) for u in plan.units]
     rows = entropy_table(schedule, max(1, args.max_merge))
     kernel = recipe.parts["kernel"]

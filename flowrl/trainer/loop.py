@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
+from flowrl.selectors import iteration_plan
 from flowrl.trainer.budget import Budget
 from flowrl.trainer.checkpoint import find_checkpoint
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
@@ -38,7 +39,7 @@ from flowrl.trainer.saving import RunCheckpoints, best_figure
 from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything
 from flowrl.trainer.update import no_reference
-from flowrl.types import Advantages, PlanError, RewardBatch, Rollout, Schedule
+from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 
 class Trainer:
@@ -88,9 +89,7 @@ class Trainer:
         self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
         self.step = 0
         self.nfe = 0
-        # every transformer row so far: the rollouts' (nfe) plus each row of the update twice (a forward and its
-        # backward; a no-grad reference forward counts the same); the "total transformer rows" budget
-        self.rows = 0
+        self.rows = 0  # all transformer rows: rollouts' plus the update's twice (forward, backward): docs/concepts.md
         self.wall = 0.0
         self.budget = Budget(self.cfg, self.accelerator)
         self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
@@ -185,14 +184,8 @@ class Trainer:
         nfe0 = self.backbone.nfe
         with torch.no_grad(), self.policy.inference(reference=self.probes_reference):
             self.selector.observe(self.backbone, prompts, self.schedule)
-            plan = self.selector.plan(self.schedule, step, generator(seed, step, "plan"))
-            try:
-                plan.check(self.schedule.num_steps)
-            except PlanError as error:
-                selector = self.recipe.parts["selector"].type
-                raise PlanError(f"selector {selector!r} at iteration {step}: {error}") from None
-            if not self.recipe.schedule.final_sde:
-                plan = plan.finish_by_ode(self.schedule.num_steps)
+            plan = iteration_plan(self.selector, self.schedule, step, generator(seed, step, "plan"),
+                                  self.recipe.schedule.final_sde, self.recipe.parts["selector"].type)
             # 2. rollout with the current (old) policy
             rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
             rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
@@ -202,18 +195,15 @@ class Trainer:
         rewards = self.score(rollout)
         advantages = global_advantages(self.accelerator, self.estimator, rewards, rollout)
         # 4. policy update
-        t1 = time.perf_counter()
-        rows0 = self.backbone.nfe
+        t1, rows0 = time.perf_counter(), self.backbone.nfe
         update = self.update(rollout, advantages, rewards)
-        update_rows = self.backbone.nfe - rows0
         t_update = time.perf_counter() - t1
         # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
         nfe_before = self.nfe
-        counted = reduce_metrics(self.accelerator, {"nfe": nfe_iteration, "rows": nfe_iteration + 2 * update_rows},
-                                 summed=("nfe", "rows"))
-        self.nfe += counted["nfe"]
-        self.rows += counted["rows"]
+        rows = nfe_iteration + 2 * (self.backbone.nfe - rows0)  # the update's rows count twice: forward, backward
+        counted = reduce_metrics(self.accelerator, {"nfe": nfe_iteration, "rows": rows}, summed=("nfe", "rows"))
+        self.nfe, self.rows = self.nfe + counted["nfe"], self.rows + counted["rows"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
         self.budget.tick()
