@@ -126,7 +126,7 @@ def test_attention_kernels_setting() -> None:
 def test_the_schedule_is_the_recipes_own_table() -> None:
     recipe = recipe_from_dict(tiny_recipe(), ["schedule.num_steps=6"])
     assert (recipe.schedule.num_steps, recipe.schedule.shift) == (6, 3.0)
-    assert tomllib.loads(recipe.to_toml())["schedule"] == {"num_steps": 6, "shift": 3.0}
+    assert tomllib.loads(recipe.to_toml())["schedule"] == {"num_steps": 6, "shift": 3.0, "final_sde": False}
     assert "num_steps" not in tomllib.loads(recipe.to_toml())["sampler"]
     with pytest.raises(RecipeError, match=r"\[schedule.num_steps\] must be >= 1"):
         recipe_from_dict(tiny_recipe(), ["schedule.num_steps=0"])
