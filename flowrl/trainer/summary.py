@@ -57,7 +57,8 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
     if last.get("skipped_steps"):
         lines.append(f"skipped: {last['skipped_steps']} iterations for NaN or inf")
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
-    key = best_figure(evals[-1], keep_best if keep_best else "auto")[0] if evals else ""
+    named = keep_best not in ("", "auto") and bool(evals) and keep_best in evals[-1]
+    key = keep_best if named else (best_figure(evals[-1], "auto")[0] if evals else "")
     if not evals:
         lines.append("evaluation: none ran (trainer.eval_every and eval_every_nfe are 0); only training rewards")
     elif not key:
