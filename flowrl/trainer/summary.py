@@ -9,14 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.trainer.checkpoint import BEST, STATE
+from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.saving import best_figure
-
-
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _with_se(row: dict[str, Any], key: str) -> str:
@@ -46,7 +40,7 @@ def _alerts(rows: list[dict[str, Any]]) -> list[str]:
 def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
     """Lines for the end of ``flowrl train``: iterations and NFE, the first and last evaluation with their
     standard errors, the best step and its checkpoint, the alerts that fired, and the commands to run next."""
-    rows = _rows(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
     trained = [r for r in rows if r.get("step", 0) > 0 and "loss" in r]
     lines = [f"run folder: {run_dir}"]
     if not rows:
@@ -57,6 +51,7 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
     if last.get("skipped_steps"):
         lines.append(f"skipped: {last['skipped_steps']} iterations for NaN or inf")
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    best = _best(run_dir)
     named = keep_best not in ("", "auto") and bool(evals) and keep_best in evals[-1]
     key = keep_best if named else (best_figure(evals[-1], "auto")[0] if evals else "")
     if not evals:
@@ -69,7 +64,6 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
         change = final[key] - first[key]
         lines.append(f"{key}: {_with_se(first, key)} at step {first['step']} -> {_with_se(final, key)} at step "
                      f"{final['step']} ({change:+.3f}; held-out prompts, deterministic ODE samples)")
-        best = _best(run_dir)
         folder = run_dir / "checkpoints" / BEST
         if best is not None and math.isfinite(float(best["best"]["value"])):
             initial = " (the initial weights: no later evaluation beat them)" if best["step"] == 0 else ""
@@ -84,7 +78,7 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
     lines.append("alerts: " + ("; ".join(alerts) + " (flowrl report shows when)" if alerts else "none fired"))
     lines.append("next:")
     lines.append(f"  flowrl report {run_dir}                     # curves, alerts, samples over the run (HTML)")
-    if evals and _best(run_dir) is not None:
+    if evals and best is not None:
         lines.append(f"  flowrl eval {run_dir} --checkpoint best     # the best evaluation's weights again")
     lines.append(f"  flowrl sample {run_dir} --prompt \"...\" --out samples.png")
     return "\n".join(lines)
