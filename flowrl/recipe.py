@@ -19,6 +19,7 @@ from flowrl.errors import UserError
 from flowrl.interfaces import ForwardProcessLoss
 from flowrl.registry import RegistryError, registry
 from flowrl.settings import LoraConfig, OptimConfig, ScheduleConfig, TrainerConfig
+from flowrl.update_modes import update_checks
 
 # Recipe table -> registry kind; every one of these tables is required.
 COMPONENT_TABLES = ("backbone", "prompts", "selector", "sampler", "kernel", "advantage", "loss")
@@ -209,6 +210,7 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
             "trainer.inner_epochs",
             "a forward-process loss takes one inner epoch (its old policy is the current one)",
         )
+    yield from update_checks(recipe)
     for table, part in recipe.parts.items():
         yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_config(part.config))
     for i, reward in enumerate(recipe.rewards):

@@ -56,6 +56,12 @@ class TrainerConfig:
     prompts_per_step: int = attrs.field(default=4, validator=positive)  # prompts per iteration per process
     train_batch_size: int = attrs.field(default=64, validator=positive)  # transformer inputs per micro-batch
     inner_epochs: int = attrs.field(default=1, validator=positive)  # passes over each rollout batch
+    # how the update gets its velocities: "retain" backpropagates through the rollout's own forwards (no
+    # second forward; exact with one inner epoch), "recompute" runs the transformer again, "auto" retain
+    # where exact (flowrl.update_modes, docs/performance.md)
+    update: Literal["auto", "recompute", "retain"] = attrs.field(
+        default="auto", validator=in_(("auto", "recompute", "retain"))
+    )
     mixed_precision: Literal["no", "bf16", "fp16"] = attrs.field(default="no", validator=in_(("no", "bf16", "fp16")))
     ema_decay: float = attrs.field(default=0.0, validator=[ge(0), le(1)])  # 0 disables EMA
     log_every: int = attrs.field(default=1, validator=positive)

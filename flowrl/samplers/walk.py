@@ -9,6 +9,7 @@ from flowrl.interfaces import Backbone
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.solvers import coarse_grid, solve
 from flowrl.types import Conditioning, Plan, Schedule, Transitions
+from flowrl.update_modes import untrained_forwards
 
 
 class TrajectoryRecorder:
@@ -105,7 +106,8 @@ def ode_tails(backbone: Backbone, x: Tensor, step: Tensor, cond: Conditioning, s
         active = (step < n).nonzero().flatten()
         k = step[active]
         s, s_next = sigmas[k], sigmas[k + 1]
-        v = backbone.velocity(x[active], s, cond.take(active))
+        with untrained_forwards():  # a tail is never a trained input (flowrl.update_modes)
+            v = backbone.velocity(x[active], s, cond.take(active))
         x[active] = x[active] + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
         step[active] = k + 1
     return x
@@ -122,6 +124,7 @@ def solver_tail(
     n = x.shape[0]
 
     def velocity(latents: Tensor, s: Tensor) -> Tensor:
-        return backbone.velocity(latents, s.expand(n), cond)
+        with untrained_forwards():  # a tail is never a trained input (flowrl.update_modes)
+            return backbone.velocity(latents, s.expand(n), cond)
 
     return solve(solver, velocity, x, sigmas)

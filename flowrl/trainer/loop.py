@@ -188,20 +188,21 @@ class Trainer:
                                   self.recipe.schedule.final_sde, self.recipe.parts["selector"].type)
             # 2. rollout with the current (old) policy
             rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
-            rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
+            with self.updater.recording(plan):  # trainer.update = "retain": the trained inputs keep their graphs
+                rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
         nfe_iteration = self.backbone.nfe - nfe0
         t_rollout = time.perf_counter() - t0
         # 3. rewards and advantages
         rewards = self.score(rollout)
         advantages = global_advantages(self.accelerator, self.estimator, rewards, rollout)
         # 4. policy update
-        t1, rows0 = time.perf_counter(), self.backbone.nfe
+        t1 = time.perf_counter()
         update = self.update(rollout, advantages, rewards)
         t_update = time.perf_counter() - t1
         # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
         nfe_before = self.nfe
-        rows = nfe_iteration + 2 * (self.backbone.nfe - rows0)  # the update's rows count twice: forward, backward
+        rows = nfe_iteration + self.updater.rows  # the update's rows: forward and backward (flowrl.trainer.optimize)
         counted = reduce_metrics(self.accelerator, {"nfe": nfe_iteration, "rows": rows}, summed=("nfe", "rows"))
         self.nfe, self.rows = self.nfe + counted["nfe"], self.rows + counted["rows"]
         t_iter = time.perf_counter() - t0
@@ -290,8 +291,7 @@ class Trainer:
 
     def _resume(self, folder: Path) -> None:
         counters = self.checkpoints.resume(folder)
-        self.step, self.nfe, self.wall = counters["step"], counters["nfe"], counters["wall_s"]
-        self.rows = counters["rows"]
+        self.step, self.nfe, self.wall, self.rows = counters["step"], counters["nfe"], counters["wall_s"], counters["rows"]
         self.updater.skipped, self.best_value = counters["skipped"], counters["best_value"]
 
 

@@ -44,6 +44,7 @@ def transition_losses(
     batch_inputs: int,
     reference: Callable[[], AbstractContextManager[None]] | None = None,
     node_advantages: Tensor | None = None,
+    velocity: Callable[[Tensor, Tensor, Conditioning], Tensor] | None = None,
 ) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
     """For each micro-batch: (loss, share of all transitions, stats). The caller backpropagates.
 
@@ -51,7 +52,10 @@ def transition_losses(
     ``reference`` is a context manager factory under which the backbone is the reference policy.
     ``advantages`` has one value per rollout; ``node_advantages`` (tree estimators) one per tree node, used
     for transitions that carry a ``node_index`` (:func:`flowrl.types.transition_advantages`).
+    ``velocity`` (default: the backbone's) gives the policy's velocity with gradients: the recompute-free
+    update passes the rollout's retained ones (:mod:`flowrl.trainer.retain`).
     """
+    velocity = velocity or backbone.velocity
     total = len(transitions)
     per_transition = transition_advantages(transitions, advantages, node_advantages)
     device = transitions.inputs.device
@@ -61,7 +65,7 @@ def transition_losses(
         x = transitions.inputs[input_ids]
         s = transitions.input_s[input_ids]
         c = cond.take(transitions.input_cond[input_ids])
-        v = backbone.velocity(x, s, c)
+        v = velocity(x, s, c)
         local = transitions.input_index[t_ids] - input_ids[0]
         s_next = transitions.s_next[t_ids]
         mean, std = kernel.mean_std(x[local].float(), v[local], s[local], s_next, schedule.s_at_one)

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from flowrl import Backbone, Conditioning, Schedule, UserError
 from flowrl.interfaces import AttentionEntropyProbe
+from flowrl.update_modes import untrained_forwards
 
 
 def velocity_and_entropy(
@@ -56,7 +57,7 @@ def entropy_curves(
     x = probe_noise(backbone, prompts, seed).float()
     sigmas = schedule.tensor().to(x.device)
     found: dict[int, Tensor] = {}
-    with torch.no_grad():
+    with torch.no_grad(), untrained_forwards():  # a probe's forwards are never trained inputs
         for step in range(wanted[-1] + 1):
             s = sigmas[step].expand(x.shape[0])
             if step in wanted:

@@ -1,0 +1,127 @@
+"""The recompute-free update (``trainer.update = "retain"``, :mod:`flowrl.update_modes`): the rollout's
+forwards at trained inputs keep their autograd graphs, and the update finds each trained input's velocity
+among them instead of running the transformer again.
+
+No sampler takes part: while the rollout runs, :meth:`RetainedVelocities.recording` stands in for the
+backbone's ``velocity``. A call at a trained unit's noise level (outside the reference policy and outside
+:func:`flowrl.update_modes.untrained_forwards`) runs with gradients on a detached input and is kept; the
+sampler gets the velocity detached, so nothing it computes carries a graph. At update time a trained input
+is matched to a kept row by its exact contents (latent, noise level and conditioning, compared bit for bit);
+an input that matches nothing is computed again, so a sampler the mechanism does not know costs time, never
+correctness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from flowrl.interfaces import Backbone
+from flowrl.types import Conditioning, Plan, Schedule
+from flowrl.update_modes import forwards_untrained
+
+
+def fingerprints(t: Tensor) -> Tensor:
+    """One int64 per row from the exact bits of ``t``'s float32 values (equal rows, equal fingerprints,
+    whatever the batch they came in): the bits weighted by fixed pseudo-random odd integers, summed."""
+    bits = t.detach().float().reshape(t.shape[0], -1).contiguous().view(torch.int32).long()
+    gen = torch.Generator().manual_seed(bits.shape[1])
+    weights = (torch.randint(0, 2**30, (bits.shape[1],), generator=gen) * 2 + 1).to(bits.device)
+    return (bits * weights).sum(1)
+
+
+def row_keys(x: Tensor, s: Tensor, cond: Conditioning) -> list[tuple[int, ...]]:
+    """The lookup key of every row: fingerprints of the latent, the noise level and each conditioning tensor."""
+    parts = [fingerprints(x), fingerprints(s.reshape(-1, 1))]
+    parts += [fingerprints(cond.tensors[name]) for name in sorted(cond.tensors)]
+    return [tuple(row) for row in torch.stack(parts, 1).cpu().tolist()]
+
+
+class RetainedVelocities:
+    """Velocities with their graphs from one rollout, by exact input.
+
+    ``levels`` are the noise levels of the plan's trained units' starts (calls elsewhere are not kept).
+    ``module``, when given, is what the kept forwards call instead of the backbone's module (a multi-process
+    run's unwrapped transformer: the trainer then averages the gradients itself).
+    """
+
+    def __init__(self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None) -> None:
+        self.backbone, self.levels, self.module = backbone, levels, module
+        self.kept: list[tuple[Tensor, Tensor]] = []  # (detached input, velocity with graph) per kept call
+        self.index: dict[tuple[int, ...], tuple[int, int]] = {}  # row key -> (call, row)
+        self.rows_kept = 0
+        self.rows_used: set[tuple[int, int]] = set()
+        self.misses = 0
+        self._reference_depth = 0
+
+    @staticmethod
+    def trained_levels(plan: Plan, schedule: Schedule) -> Tensor:
+        """The noise levels at which the plan's trained units start."""
+        sigmas = schedule.tensor()
+        return sigmas[torch.tensor(sorted({plan.units[k].start for k in plan.trained}), dtype=torch.long)]
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Inside, the backbone's velocity keeps the graphs of calls at trained levels (see the module doc)."""
+        backbone = self.backbone
+        velocity, reference_policy = backbone.velocity, backbone.reference_policy
+
+        def kept_velocity(x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
+            at_level = torch.isin(s.detach().float().cpu(), self.levels.float().cpu())
+            if self._reference_depth or forwards_untrained() or not bool(at_level.any()):
+                return velocity(x, s, cond)
+            x = x.detach()
+            swap: AbstractContextManager[None] = (
+                backbone.module_swapped(self.module) if self.module is not None else nullcontext()
+            )
+            with torch.enable_grad(), swap:
+                v = velocity(x, s, cond)
+            call = len(self.kept)
+            self.kept.append((x, v))
+            for row, key in enumerate(row_keys(x, s, cond)):
+                self.index.setdefault(key, (call, row))
+            self.rows_kept += int(x.shape[0])
+            return v.detach()
+
+        @contextmanager
+        def counted_reference() -> Iterator[None]:
+            self._reference_depth += 1
+            try:
+                with reference_policy():
+                    yield
+            finally:
+                self._reference_depth -= 1
+
+        backbone.velocity = kept_velocity  # type: ignore[method-assign]
+        backbone.reference_policy = counted_reference  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            del backbone.velocity, backbone.reference_policy  # the class's methods again
+
+    def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
+        """The kept velocities of these inputs (graphs attached), or the backbone's velocity, computed again
+        with gradients, when a row matches no kept call."""
+        found = [self.index.get(key) for key in row_keys(x, s, cond)]
+        if any(f is None for f in found) or not all(
+            torch.equal(self.kept[c][0][r], x[i].to(self.kept[c][0].dtype)) for i, (c, r) in enumerate(found)  # type: ignore[misc]
+        ):
+            self.misses += int(x.shape[0])
+            return self.backbone.velocity(x, s, cond)
+        self.rows_used.update(found)  # type: ignore[arg-type]
+        return torch.stack([self.kept[c][1][r] for c, r in found])  # type: ignore[misc]
+
+    def release(self) -> dict[str, Any]:
+        """Drop every kept graph; figures of this iteration for the log: rows kept, distinct rows the update
+        used (equal inputs share one), rows computed again, and rows the backward ran through (every row of a
+        kept call that served the update: the graph is batched)."""
+        calls = {c for c, _ in self.rows_used}
+        figures = {"update/retained_rows": self.rows_kept, "update/retained_used": len(self.rows_used),
+                   "update/recomputed_rows": self.misses,
+                   "update/backward_rows": sum(int(self.kept[c][0].shape[0]) for c in calls)}
+        self.kept, self.index = [], {}
+        return figures

@@ -1,0 +1,85 @@
+"""The recompute-free update (trainer.update = "retain"): the same gradient as the recompute path, with no
+transformer forward of its own, for every shipped embedded recipe where it applies; refused where it is not
+exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flowrl.recipe import RecipeError, load_recipe
+from flowrl.update_modes import resolve_update
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["trainer.prompts_per_step=2", "trainer.eval_every=0", "trainer.eval_every_nfe=0", "trainer.kl_every=0",
+         "trainer.max_minutes=0", "trainer.checkpoint_every=0", "trainer.image_every=0"]
+SHIPPED = sorted(p.stem for p in (ROOT / "recipes").glob("*.toml"))
+RETAINED = [name for name in SHIPPED if resolve_update(load_recipe(ROOT / "recipes" / f"{name}.toml")) == "retain"]
+
+
+def test_auto_picks_retain_where_exact() -> None:
+    """Every shipped embedded recipe but the forward-process ones resolves to retain."""
+    assert set(SHIPPED) - set(RETAINED) == {"diffusion_nft", "aegpo_nft"}
+
+
+@pytest.mark.parametrize("name", RETAINED)
+def test_retain_gives_the_recompute_gradient(name: str, tmp_path: Path) -> None:
+    from flowrl.trainer.loop import Trainer
+
+    recipe = load_recipe(ROOT / "recipes" / f"{name}.toml", [*SMALL, "trainer.update=retain"])
+    trainer = Trainer(recipe, tmp_path / "run", quiet=True)
+    updater, backbone = trainer.updater, trainer.backbone
+    seen: dict[str, object] = {}
+
+    def both(rollout, advantages, rewards):  # type: ignore[no-untyped-def]
+        grads: list[list[torch.Tensor]] = []
+        trainer.policy.step = lambda: grads.append(  # type: ignore[method-assign]
+            [p.grad.detach().clone() for _, p in trainer.named_params]
+        )
+        retained = updater.retained
+        assert retained is not None and retained.rows_kept > 0, "the rollout kept no graph"
+        forwards = []
+        for kept in (None, retained):  # recompute first: it must not consume the kept graphs
+            updater.retained = kept
+            nfe0 = backbone.nfe
+            seen[f"result_{kept is None}"] = updater(rollout, advantages, rewards, trainer.step)
+            forwards.append(backbone.nfe - nfe0)
+        seen.update(grads=grads, forwards=forwards, inputs=rollout.transitions.num_inputs)
+        del trainer.policy.step
+        return seen["result_False"]
+
+    trainer.update = both  # type: ignore[method-assign]
+    try:
+        trainer.iteration()
+    finally:
+        trainer.release()
+    recompute, retain = seen["forwards"]  # type: ignore[misc]
+    assert recompute - retain == seen["inputs"], "the retained update ran the transformer on trained inputs"
+    result = seen["result_False"]
+    # every trained input found among the kept rows (equal inputs, e.g. DanceGRPO's shared first noise, share one)
+    assert result["update/recomputed_rows"] == 0 and 0 < result["update/retained_used"] <= seen["inputs"]  # type: ignore[index]
+    a, b = (torch.cat([g.flatten() for g in grads]) for grads in seen["grads"])  # type: ignore[attr-defined]
+    assert float(a.norm()) > 0
+    # float32: the velocities come from the rollout's batches instead of the update's micro-batches (different
+    # BLAS blocking, ~1e-7 relative per value); the gradient norm-relative difference stays far below 1e-5
+    assert float((a - b).norm() / a.norm()) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "key"),
+    [
+        ("diffusion_nft", [], "loss"),
+        ("flow_grpo", ["trainer.inner_epochs=2"], "trainer.inner_epochs"),
+        ("flow_grpo", ["trainer.sharding=fsdp"], "trainer.sharding"),
+        ("flow_grpo", ["lora.dropout=0.1"], "lora.dropout"),
+    ],
+)
+def test_retain_refused_where_not_exact(name: str, override: list[str], key: str) -> None:
+    path = ROOT / "recipes" / f"{name}.toml"
+    assert resolve_update(load_recipe(path, override)) == "recompute"  # auto falls back
+    with pytest.raises(RecipeError) as error:
+        load_recipe(path, [*override, "trainer.update=retain"])
+    message = error.value.report()
+    assert "trainer.update" in message and key in message
