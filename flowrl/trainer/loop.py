@@ -290,9 +290,9 @@ class Trainer:
         return self.checkpoints.save(self.counters())
 
     def _resume(self, folder: Path) -> None:
-        counters = self.checkpoints.resume(folder)
-        self.step, self.nfe, self.wall, self.rows = counters["step"], counters["nfe"], counters["wall_s"], counters["rows"]
-        self.updater.skipped, self.best_value = counters["skipped"], counters["best_value"]
+        c = self.checkpoints.resume(folder)
+        self.step, self.nfe, self.wall, self.rows = c["step"], c["nfe"], c["wall_s"], c["rows"]
+        self.updater.skipped, self.best_value = c["skipped"], c["best_value"]
 
 
 def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:
