@@ -18,8 +18,8 @@ from flowrl.recipe import recipe_from_dict
 pytestmark = pytest.mark.slow
 
 
-def write(path: Path, prompts_per_step: int) -> Path:
-    data = tiny_recipe(max_steps=2, prompts_per_step=prompts_per_step, checkpoint_every=0)
+def write(path: Path, prompts_per_step: int, update: str) -> Path:
+    data = tiny_recipe(max_steps=2, prompts_per_step=prompts_per_step, checkpoint_every=0, update=update)
     data["advantage"] = {"type": "group_norm", "global_std": True}
     path.write_text(recipe_from_dict(data).to_toml())
     return path
@@ -31,12 +31,15 @@ def run(args: list[str], cwd: Path) -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
 
 
-def test_two_processes_equal_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("update", ["recompute", "retain"])
+def test_two_processes_equal_one(tmp_path: Path, update: str) -> None:
+    """Either update mode: with "retain" the kept forwards run outside DDP and the trainer averages the
+    gradients itself."""
     bin_dir = Path(sys.executable).parent
     launch = [str(bin_dir / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
     launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "flowrl.cli.main"]
-    run([*launch, "train", str(write(tmp_path / "two.toml", 1)), "--output-dir", "two", "--quiet"], tmp_path)
-    one = [sys.executable, "-m", "flowrl.cli.main", "train", str(write(tmp_path / "one.toml", 2))]
+    run([*launch, "train", str(write(tmp_path / "two.toml", 1, update)), "--output-dir", "two", "--quiet"], tmp_path)
+    one = [sys.executable, "-m", "flowrl.cli.main", "train", str(write(tmp_path / "one.toml", 2, update))]
     run([*one, "--output-dir", "one", "--quiet"], tmp_path)
     rows = {
         name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -49,6 +52,7 @@ def test_two_processes_equal_one(tmp_path: Path) -> None:
     # terms of order 1 that cancel to ~1e-9, and for the weights (|w| <= 1, differences ~2e-8).
     for a, b in zip(rows["one"], rows["two"], strict=True):
         assert a["nfe"] == b["nfe"]
+        assert ("update/retained_used" in a) == ("update/retained_used" in b) == (update == "retain")
         for key in ("reward/total", "advantage/abs_mean", "grad_norm"):
             assert math.isclose(a[key], b[key], rel_tol=1e-5), (key, a[key], b[key])
         assert abs(a["loss"] - b["loss"]) <= 1e-6, ("loss", a["loss"], b["loss"])

@@ -147,9 +147,11 @@ def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("update", ["recompute", "retain"])
+def test_sigkill_and_resume_is_bitwise_identical(tmp_path: Path, update: str) -> None:
     recipe = tmp_path / "r.toml"
-    recipe.write_text(recipe_from_dict(tiny_recipe(max_steps=5, checkpoint_every=1, keep_checkpoints=10)).to_toml())
+    data = tiny_recipe(max_steps=5, checkpoint_every=1, keep_checkpoints=10, update=update)
+    recipe.write_text(recipe_from_dict(data).to_toml())
     full = start(recipe, tmp_path / "full")
     assert full.wait(timeout=600) == 0, full.communicate()
     proc = start(recipe, tmp_path / "killed")
@@ -161,6 +163,7 @@ def test_sigkill_and_resume_is_bitwise_identical(tmp_path: Path) -> None:
     a, b = rows(tmp_path / "full"), rows(tmp_path / "killed")
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
     assert [r["reward/total"] for r in a] == [r["reward/total"] for r in b]
+    assert all(("update/retained_used" in r) == (update == "retain") for r in a + b)  # the mode was in force
     last = "checkpoints/step_000005/weights.safetensors"
     wa, wb = load_file(str(tmp_path / "full" / last)), load_file(str(tmp_path / "killed" / last))
     # exact: a resumed run replays the same batches, draws and optimiser state through the same arithmetic
