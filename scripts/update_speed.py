@@ -8,8 +8,8 @@ For each recipe one trainer per mode (``trainer.update = "recompute"`` and, wher
 is built on the same seed; their iterations alternate (recompute, retain, recompute, ...), so load on the
 machine falls on both alike. One warm-up iteration each is left out. Evaluation, checkpoints, images and the
 drift probe are off; one torch thread. Printed per recipe and mode: mean seconds per iteration, transformer
-forwards per iteration (rollout plus update), time outside the transformer (``time/outside_share``), and the
-ratio recompute / retain. The rollouts of the two modes are the same; the float rounding of their updates
+forwards per iteration (rollout plus update), time outside the transformer (``time/outside_share``), the
+ratio recompute / retain, and the size of the graphs retain keeps from the rollout to the update. The rollouts of the two modes are the same; the float rounding of their updates
 differs, so later iterations draw slightly different samples.
 """
 
@@ -35,7 +35,7 @@ def measure(name: str, iterations: int) -> dict[str, dict[str, float]]:
 
     path = ROOT / "recipes" / f"{name}.toml"
     modes = ["recompute"] + (["retain"] if resolve_update(load_recipe(path)) == "retain" else [])
-    figures: dict[str, dict[str, list[float]]] = {m: {"s": [], "forwards": [], "outside": []} for m in modes}
+    figures: dict[str, dict[str, list[float]]] = {m: {"s": [], "forwards": [], "outside": [], "mb": []} for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {m: Trainer(load_recipe(path, [*OFF, f"trainer.update={m}"]), Path(tmp) / m, quiet=True)
                     for m in modes}
@@ -49,6 +49,7 @@ def measure(name: str, iterations: int) -> dict[str, dict[str, float]]:
                     figures[mode]["s"].append(metrics["time/iteration_s"])
                     figures[mode]["forwards"].append(trainer.backbone.nfe - nfe0)
                     figures[mode]["outside"].append(metrics["time/outside_share"])
+                    figures[mode]["mb"].append(metrics.get("update/retained_mb", 0.0))
         finally:
             for trainer in trainers.values():
                 trainer.release()
@@ -57,16 +58,16 @@ def measure(name: str, iterations: int) -> dict[str, dict[str, float]]:
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     lines = ["| recipe | s/it recompute | s/it retain | speed-up | forwards/it recompute | forwards/it retain |"
-             " outside share recompute | outside share retain |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             " outside share recompute | outside share retain | retained graphs (MB) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, modes in results.items():
         a, b = modes["recompute"], modes.get("retain")
         if b is None:
             lines.append(f"| {name} | {a['s']:.2f} | (recompute only) | | {a['forwards']:.0f} | |"
-                         f" {a['outside']:.1%} | |")
+                         f" {a['outside']:.1%} | | |")
             continue
         lines.append(f"| {name} | {a['s']:.2f} | {b['s']:.2f} | {a['s'] / b['s']:.2f}x | {a['forwards']:.0f} |"
-                     f" {b['forwards']:.0f} | {a['outside']:.1%} | {b['outside']:.1%} |")
+                     f" {b['forwards']:.0f} | {a['outside']:.1%} | {b['outside']:.1%} | {b['mb']:.0f} |")
     return "\n".join(lines)
 
 

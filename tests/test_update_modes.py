@@ -83,3 +83,19 @@ def test_retain_refused_where_not_exact(name: str, override: list[str], key: str
         load_recipe(path, [*override, "trainer.update=retain"])
     message = error.value.report()
     assert "trainer.update" in message and key in message
+
+
+def test_retained_graphs_that_would_not_fit_stop_with_a_recipe_error(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The kept graphs are counted while the rollout makes them: past 90% of the free memory the run stops
+    with a one-line error naming trainer.update (exit 2), before the device would run out."""
+    import flowrl.trainer.retain as retain
+    from flowrl.cli.main import main
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(load_recipe(ROOT / "recipes" / "flow_grpo.toml", [*SMALL, "trainer.max_steps=1"]).to_toml())
+    monkeypatch.setattr(retain, "available_bytes", lambda device: 2**20)  # 1 MiB free
+    assert main(["train", str(recipe), "--output-dir", str(tmp_path / "run"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.update" in err and "retained graphs passed" in err and "Traceback" not in err
+    monkeypatch.setattr(retain, "available_bytes", lambda device: None)  # unknown: no check, the run trains
+    assert main(["train", str(recipe), "--output-dir", str(tmp_path / "run2"), "--quiet"]) == 0

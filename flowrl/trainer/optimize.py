@@ -64,7 +64,8 @@ class PolicyUpdate:
         backbone = self.policy.backbone
         several = self.accelerator.num_processes > 1  # the kept forwards skip DDP; gradients averaged below
         levels = RetainedVelocities.trained_levels(plan, self.schedule)
-        self.retained = RetainedVelocities(backbone, levels, backbone.transformer if several else None)
+        module = backbone.transformer if several else None
+        self.retained = RetainedVelocities(backbone, levels, module, self.recipe.source)
         return self.retained.recording()
 
     def __call__(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch, step: int) -> dict[str, float]:

@@ -9,6 +9,10 @@ sampler gets the velocity detached, so nothing it computes carries a graph. At u
 is matched to a kept row by its exact contents (latent, noise level and conditioning, compared bit for bit);
 an input that matches nothing is computed again, so a sampler the mechanism does not know costs time, never
 correctness.
+
+Memory: the kept graphs live from their forward to the update's backward. Their size is counted while they are
+made (the tensors autograd saves, parameters left out); a rollout whose kept graphs would pass 90% of the
+memory free when it started stops with a recipe error naming ``trainer.update`` before the device runs out.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from flowrl.interfaces import Backbone
+from flowrl.recipe import RecipeError
+from flowrl.trainer.memory import available_bytes
 from flowrl.types import Conditioning, Plan, Schedule
 from flowrl.update_modes import forwards_untrained
 
@@ -49,14 +55,17 @@ class RetainedVelocities:
     run's unwrapped transformer: the trainer then averages the gradients itself).
     """
 
-    def __init__(self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None) -> None:
-        self.backbone, self.levels, self.module = backbone, levels, module
+    def __init__(self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None, source: str = "") -> None:
+        self.backbone, self.levels, self.module, self.source = backbone, levels, module, source
         self.kept: list[tuple[Tensor, Tensor]] = []  # (detached input, velocity with graph) per kept call
         self.index: dict[tuple[int, ...], tuple[int, int]] = {}  # row key -> (call, row)
         self.rows_kept = 0
         self.rows_used: set[tuple[int, int]] = set()
         self.misses = 0
+        self.bytes_kept = 0
         self._reference_depth = 0
+        self._own: set[int] = set()  # storages of the parameters and buffers (not counted as kept)
+        self._limit: int | None = None
 
     @staticmethod
     def trained_levels(plan: Plan, schedule: Schedule) -> Tensor:
@@ -78,8 +87,19 @@ class RetainedVelocities:
             swap: AbstractContextManager[None] = (
                 backbone.module_swapped(self.module) if self.module is not None else nullcontext()
             )
-            with torch.enable_grad(), swap:
+            counted: set[int] = set()
+
+            def pack(t: Tensor) -> Tensor:
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if ptr not in self._own and ptr not in counted:
+                    counted.add(ptr)
+                    self.bytes_kept += storage.nbytes()
+                return t
+
+            with torch.enable_grad(), swap, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 v = velocity(x, s, cond)
+            self._check_fits()
             call = len(self.kept)
             self.kept.append((x, v))
             for row, key in enumerate(row_keys(x, s, cond)):
@@ -96,12 +116,26 @@ class RetainedVelocities:
             finally:
                 self._reference_depth -= 1
 
+        tensors = [*backbone.transformer.parameters(), *backbone.transformer.buffers()]
+        self._own = {t.untyped_storage().data_ptr() for t in tensors}
+        free = available_bytes(backbone.device)
+        self._limit = None if free is None else int(0.9 * free)
         backbone.velocity = kept_velocity  # type: ignore[method-assign]
         backbone.reference_policy = counted_reference  # type: ignore[method-assign]
         try:
             yield
         finally:
             del backbone.velocity, backbone.reference_policy  # the class's methods again
+
+    def _check_fits(self) -> None:
+        if self._limit is None or self.bytes_kept <= self._limit:
+            return
+        gib = 2**30
+        why = (f"the rollout's retained graphs passed {self.bytes_kept / gib:.1f} GiB of the"
+               f" {self._limit / 0.9 / gib:.1f} GiB free on {self.backbone.device.type} when it started"
+               f" ({self.rows_kept} rows kept so far): set 'recompute', or fewer prompts or rollouts per step")
+        self.kept, self.index = [], {}
+        raise RecipeError(self.source or "<recipe>", [("trainer.update", why)])
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
         """The kept velocities of these inputs (graphs attached), or the backbone's velocity, computed again
@@ -121,6 +155,7 @@ class RetainedVelocities:
         kept call that served the update: the graph is batched)."""
         calls = {c for c, _ in self.rows_used}
         figures = {"update/retained_rows": self.rows_kept, "update/retained_used": len(self.rows_used),
+                   "update/retained_mb": self.bytes_kept / 2**20,
                    "update/recomputed_rows": self.misses,
                    "update/backward_rows": sum(int(self.kept[c][0].shape[0]) for c in calls)}
         self.kept, self.index = [], {}
