@@ -37,6 +37,11 @@ class OptimConfig:
     eps: float = attrs.field(default=1e-8, validator=positive)
     max_grad_norm: float = attrs.field(default=1.0, validator=positive)  # clip the global grad norm to this
     warmup_steps: int = attrs.field(default=0, validator=ge(0))  # linear LR warm-up
+    # after the warm-up: "constant", or decay to lr x final_lr_ratio at trainer.max_steps ("linear", "cosine")
+    lr_decay: Literal["constant", "linear", "cosine"] = attrs.field(
+        default="constant", validator=in_(("constant", "linear", "cosine"))
+    )
+    final_lr_ratio: float = attrs.field(default=0.1, validator=[ge(0), le(1)])
 
 
 def _evaluation_figure(_: Any, attribute: Any, value: str) -> None:

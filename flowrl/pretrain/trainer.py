@@ -28,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flowrl.config import unstructure
+from flowrl.lr_schedule import lr_factor
 from flowrl.pretrain.data import miscaptioned, render_parallel
 from flowrl.pretrain.model import build_backbone, load_initial_weights, parameter_counts, swapped_in
 from flowrl.pretrain.recipe import PretrainRecipe, training_device
@@ -91,14 +92,8 @@ class Pretrainer:
 
     # -- pieces -----------------------------------------------------------------------------------
     def _lr_factor(self, k: int) -> float:
-        warm = self.cfg.warmup_steps
-        if k < warm:
-            return (k + 1) / warm
-        if self.cfg.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (k - warm) / max(1, self.cfg.steps - warm))
-        floor = self.cfg.min_lr_ratio
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        c = self.cfg
+        return lr_factor(k, c.warmup_steps, c.lr_schedule, c.steps, c.min_lr_ratio)
 
     def render_pool(self) -> None:
         """Render ``pool_size`` images of train- and test-split scenes once (kinds drawn uniformly)."""

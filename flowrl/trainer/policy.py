@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from flowrl.backbones.lora_export import lora_state_dict
 from flowrl.interfaces import Backbone
+from flowrl.lr_schedule import lr_factor
 from flowrl.recipe import Recipe, RecipeError
 from flowrl.trainer.checkpoint import load_weights_into
 from flowrl.trainer.ema import EMA
@@ -72,8 +73,12 @@ class TrainedPolicy:
         self.named_params = [(n, p) for n, p in transformer.named_parameters() if p.requires_grad]
         params = [p for _, p in self.named_params]
         optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-        warmup = max(1, o.warmup_steps)
-        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup))
+        steps = cfg.max_steps * cfg.inner_epochs  # optimizer steps of the whole run (the decay's horizon)
+
+        def factor(k: int) -> float:
+            return lr_factor(k, o.warmup_steps, o.lr_decay, steps, o.final_lr_ratio)
+
+        self.lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         if self.sharded:
             module: nn.Module = transformer
             self.optimizer: Any = optimizer
