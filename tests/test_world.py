@@ -375,3 +375,36 @@ def test_adversarial_images_score_below_the_clean_rendering() -> None:
     scores, strict = score_batch(cluttered, sc)
     assert strict.max() == 0
     assert (scores < clean_scores).all()  # three extra objects cancel three met constraints
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 12), st.integers(1, 12), st.integers(0, 2**31 - 1))
+def test_batched_component_labels_equal_one_image_at_a_time(b: int, h: int, w: int, seed: int) -> None:
+    """verify_batch labels every image's components in one batched pass: the same labels as image by image,
+    and the same as a plain flood fill (smallest flat index of each 8-connected same-colour component)."""
+    from flowrl.world.verify import label_components
+
+    maps = np.random.default_rng(seed).integers(-1, 3, size=(b, h, w)).astype(np.int8)
+    batched = label_components(maps)
+    for k in range(b):
+        single = label_components(maps[k])
+        assert np.array_equal(batched[k], single)
+        expected = np.full((h, w), -1)
+        for y in range(h):
+            for x in range(w):
+                if maps[k, y, x] < 0 or expected[y, x] >= 0:
+                    continue
+                colour, stack, members = maps[k, y, x], [(y, x)], []
+                expected[y, x] = 0
+                while stack:
+                    cy, cx = stack.pop()
+                    members.append(cy * w + cx)
+                    for dy in (-1, 0, 1):
+                        for dx in (-1, 0, 1):
+                            ny, nx = cy + dy, cx + dx
+                            if 0 <= ny < h and 0 <= nx < w and expected[ny, nx] < 0 and maps[k, ny, nx] == colour:
+                                expected[ny, nx] = 0
+                                stack.append((ny, nx))
+                for m in members:
+                    expected[m // w, m % w] = min(members)
+        assert np.array_equal(single, expected)

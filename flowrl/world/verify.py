@@ -115,23 +115,30 @@ def _analyse(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def label_components(cmap: np.ndarray) -> np.ndarray:
-    """8-connected same-colour components of a colour map: labels (int), ``-1`` for background."""
-    h, w = cmap.shape
+    """8-connected same-colour components of a colour map ``(H, W)``, or of a batch of them ``(B, H, W)``
+    (each image on its own): labels (int), ``-1`` for background. A component's label is the smallest flat
+    pixel index in it; the minimum spreads between linked neighbours until nothing changes."""
+    single = cmap.ndim == 2
+    maps = cmap[None] if single else cmap
+    b, h, w = maps.shape
     big = h * w
-    labels = np.where(cmap >= 0, np.arange(big).reshape(h, w), big)
-    padded = np.pad(cmap, 1, constant_values=-1)
+    labels = np.where(maps >= 0, np.arange(big).reshape(1, h, w), big)
+    padded = np.full((b, h + 2, w + 2), -1, dtype=maps.dtype)
+    padded[:, 1:-1, 1:-1] = maps
     links = []
     for dy, dx in _SHIFTS:
-        same = (padded[1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w] == cmap) & (cmap >= 0)
+        same = (padded[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w] == maps) & (maps >= 0)
         if same.any():
             links.append((dy, dx, same))
+    lp = np.full((b, h + 2, w + 2), big, dtype=labels.dtype)
     while True:
-        lp = np.pad(labels, 1, constant_values=big)
+        lp[:, 1:-1, 1:-1] = labels
         new = labels
         for dy, dx, same in links:
-            new = np.where(same, np.minimum(new, lp[1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]), new)
+            new = np.where(same, np.minimum(new, lp[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]), new)
         if np.array_equal(new, labels):
-            return np.where(labels == big, -1, labels)
+            out = np.where(labels == big, -1, labels)
+            return out[0] if single else out
         labels = new
 
 
@@ -169,7 +176,11 @@ def detect(image: Any) -> list[Detection]:
 
 def _detect(rgb: np.ndarray) -> list[Detection]:
     cmap, cover = _analyse(rgb)
-    labels = label_components(cmap)
+    return _objects(cmap, cover, label_components(cmap))
+
+
+def _objects(cmap: np.ndarray, cover: np.ndarray, labels: np.ndarray) -> list[Detection]:
+    """The detections of one image from its colour map, coverage and component labels."""
     h, w = cmap.shape
     min_area = MIN_AREA * h * w / 1024.0
     ids, counts = np.unique(labels[labels >= 0], return_counts=True)
@@ -245,7 +256,13 @@ def verify_batch(images: Any, scenes: Sequence[Scene]) -> list[Verdict]:
     arr = np.asarray(images)
     if arr.ndim != 4 or len(arr) != len(scenes):
         raise ValueError(f"expected a (B, ...) batch of {len(scenes)} images, got shape {arr.shape}")
-    return [verify(image, scene) for image, scene in zip(arr, scenes, strict=True)]
+    rgbs = [_as_rgb255(image) for image in arr]
+    analysed = [_analyse(rgb) for rgb in rgbs]
+    labels = label_components(np.stack([cmap for cmap, _ in analysed])) if analysed else []  # one batched pass
+    return [
+        check(_objects(cmap, cover, lab), scene, size=rgb.shape[0])
+        for rgb, (cmap, cover), lab, scene in zip(rgbs, analysed, labels, scenes, strict=True)
+    ]
 
 
 def score_batch(images: Any, scenes: Sequence[Scene]) -> tuple[np.ndarray, np.ndarray]:
