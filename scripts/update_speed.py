@@ -52,6 +52,7 @@ def measure(name: str, iterations: int) -> dict[str, dict[str, float]]:
                     figures[mode]["mb"].append(metrics.get("update/retained_mb", 0.0))
         finally:
             for trainer in trainers.values():
+                trainer.logger.close()  # the TensorBoard writer's thread, before the folder goes
                 trainer.release()
     return {m: {key: statistics.fmean(values) for key, values in f.items()} for m, f in figures.items()}
 
