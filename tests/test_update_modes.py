@@ -85,17 +85,30 @@ def test_retain_refused_where_not_exact(name: str, override: list[str], key: str
     assert "trainer.update" in message and key in message
 
 
-def test_retained_graphs_that_would_not_fit_stop_with_a_recipe_error(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    """The kept graphs are counted while the rollout makes them: past 90% of the free memory the run stops
-    with a one-line error naming trainer.update (exit 2), before the device would run out."""
+def test_retained_graphs_that_would_not_fit(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The kept graphs are counted while the rollout makes them: past 90% of the free memory an explicit
+    'retain' stops with a one-line error naming trainer.update (exit 2), before the device would run out;
+    'auto' drops them, says so once and recomputes."""
     import flowrl.trainer.retain as retain
     from flowrl.cli.main import main
 
     recipe = tmp_path / "r.toml"
-    recipe.write_text(load_recipe(ROOT / "recipes" / "flow_grpo.toml", [*SMALL, "trainer.max_steps=1"]).to_toml())
+    overrides = [*SMALL, "trainer.max_steps=1", "trainer.update=retain"]
+    recipe.write_text(load_recipe(ROOT / "recipes" / "flow_grpo.toml", overrides).to_toml())
     monkeypatch.setattr(retain, "available_bytes", lambda device: 2**20)  # 1 MiB free
     assert main(["train", str(recipe), "--output-dir", str(tmp_path / "run"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "trainer.update" in err and "retained graphs passed" in err and "Traceback" not in err
     monkeypatch.setattr(retain, "available_bytes", lambda device: None)  # unknown: no check, the run trains
     assert main(["train", str(recipe), "--output-dir", str(tmp_path / "run2"), "--quiet"]) == 0
+    capsys.readouterr()
+    # auto: the graphs are dropped, the update recomputes (said once), the run trains
+    monkeypatch.setattr(retain, "available_bytes", lambda device: 2**20)
+    auto = tmp_path / "auto.toml"
+    auto.write_text(load_recipe(recipe, ["trainer.max_steps=2", "trainer.update=auto"]).to_toml())
+    assert main(["train", str(auto), "--output-dir", str(tmp_path / "run3"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("trainer.update = auto: the rollout's retained graphs passed") == 1
+    assert "recomputes from now on" in err
+    rows = (tmp_path / "run3" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2 and all("update/retained_used" not in row for row in rows)

@@ -5,30 +5,33 @@ from __future__ import annotations
 import argparse
 import time
 
+from flowrl.cli.options import ExistingPath, KeyValue, OutputFolder, Seeds, Text, Whole
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Train each recipe with each seed under the same rollout NFE budget (in this process, one after"
         " another) and write results.json, results.md and score-vs-NFE / score-vs-wall-time plots."
     )
-    parser.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe files; each needs held-out prompts")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: 0,1,2)")
-    parser.add_argument("--nfe-budget", type=int, required=True, metavar="N",
+    parser.add_argument("recipes", nargs="+", type=ExistingPath("file"), metavar="RECIPE",
+                        help="recipe files; each needs held-out prompts")
+    parser.add_argument("--seeds", default="0,1,2", type=Seeds(), help="comma-separated seeds (default: 0,1,2)")
+    parser.add_argument("--nfe-budget", type=Whole(1), required=True, metavar="N",
                         help="stop each run once its rollouts used N transformer evaluations (trainer.max_nfe)")
-    parser.add_argument("--eval-every", type=int, default=None, metavar="K",
+    parser.add_argument("--eval-every", type=Whole(0), default=None, metavar="K",
                         help="held-out evaluation every K iterations (default: 5, or none with --eval-every-nfe)")
-    parser.add_argument("--eval-every-nfe", type=int, default=None, metavar="N",
+    parser.add_argument("--eval-every-nfe", type=Whole(0), default=None, metavar="N",
                         help="held-out evaluation each time a run's rollouts pass a multiple of N NFE: every method"
                         " evaluated at the same budgets (trainer.eval_every_nfe)")
-    parser.add_argument("--eval-prompts", type=int, default=None, metavar="M",
+    parser.add_argument("--eval-prompts", type=Whole(1), default=None, metavar="M",
                         help="held-out prompts per evaluation (default: the recipe's trainer.eval_prompts)")
-    parser.add_argument("--metric", default=None,
+    parser.add_argument("--metric", default=None, type=Text("eval/"),
                         help="held-out metric to compare (default: eval/score if logged, else the first eval/* key)")
-    parser.add_argument("--reference", default=None, metavar="NAME",
+    parser.add_argument("--reference", default=None, type=Text(), metavar="NAME",
                         help="recipe name the others are compared with (default: the first recipe's)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", action="append", default=[], type=KeyValue(), metavar="KEY=VALUE",
                         help="override a key in every recipe (repeatable)")
-    parser.add_argument("--output-dir", default=None, metavar="DIR",
+    parser.add_argument("--output-dir", default=None, type=OutputFolder(), metavar="DIR",
                         help="report folder; runs go to DIR/runs/<name>/seed<k> (default: runs/bench-<time>)")
     parser.add_argument("--resume", action="store_true",
                         help="reuse runs in DIR finished with the same resolved recipe, continue interrupted ones"

@@ -106,7 +106,14 @@ def evaluate(args: argparse.Namespace) -> int:
     overrides = list(args.set)
     if args.split:
         overrides.append(f"prompts.eval_split={args.split}")
-    loaded = load_policy(Path(args.path), overrides, args.checkpoint)
+    try:
+        loaded = load_policy(Path(args.path), overrides, args.checkpoint)
+    except RecipeError as error:
+        if args.split and any(key.startswith("prompts.eval_split") and "unknown key" in why
+                              for key, why in error.problems):
+            raise UserError(f"--split applies to the embedded world's prompts ([prompts] type = \"world\");"
+                             f" the prompts of {args.path} have no splits") from None
+        raise
     print(loaded.describe(), file=sys.stderr)
     result = loaded.evaluate(limit=args.prompts, seed=args.seed, group=args.group_size)
     if args.json:

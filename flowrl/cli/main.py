@@ -13,107 +13,104 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 from flowrl.cli import commands  # noqa: E402
-
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {value}")
-    return value
-
-
-def _plot_file(text: str) -> str:
-    """An argparse type: a file name for a plot, with the extension matplotlib writes."""
-    if text and not text.lower().endswith((".png", ".pdf", ".svg")):  # "": argparse's default, no plot
-        raise argparse.ArgumentTypeError(f"expected a file name ending in .png, .pdf or .svg, got {text!r}")
-    return text
-
+from flowrl.cli.options import (  # noqa: E402
+    SEED_LIMIT,
+    Checkpoint,
+    Choice,
+    ExistingPath,
+    KeyValue,
+    OneLineParser,
+    OutputFile,
+    OutputFolder,
+    Text,
+    Whole,
+)
+from flowrl.registry import KINDS  # noqa: E402
 
 CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
-
-
-def _which(text: str) -> str:
-    """An argparse type: which checkpoint of a run folder (last, best or a step number)."""
-    if text in ("last", "best") or text.isdigit():
-        return text
-    raise argparse.ArgumentTypeError(f"expected last, best or a step number, got {text!r}")
+RECIPE, ANY_PATH, FOLDER = ExistingPath("file"), ExistingPath("any"), ExistingPath("folder")
+SEED, COUNT, OVERRIDE = Whole(0, SEED_LIMIT), Whole(1), KeyValue()
+PLOT = OutputFile(".png", ".pdf", ".svg", optional=True)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowrl", description="RL fine-tuning of flow-matching text-to-image models.")
+    p = OneLineParser(prog="flowrl", description="RL fine-tuning of flow-matching text-to-image models.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="train from a recipe")
-    t.add_argument("recipe")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
-    t.add_argument("--output-dir", default=None, help="run folder (default: runs/<name>-<time>)")
-    t.add_argument("--resume", default=None, help="run folder or checkpoint to continue from")
+    t.add_argument("recipe", type=RECIPE)
+    t.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE",
+                   help="override a recipe key")
+    t.add_argument("--output-dir", default=None, type=OutputFolder(), help="run folder (default: runs/<name>-<time>)")
+    t.add_argument("--resume", default=None, type=FOLDER, help="run folder or checkpoint to continue from")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=commands.train)
 
     v = sub.add_parser("validate", help="check recipes without loading any model")
-    v.add_argument("recipes", nargs="+")
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override before checking")
+    v.add_argument("recipes", nargs="+", type=Text())  # a missing file is reported like any other problem
+    v.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE",
+                   help="override before checking")
     v.set_defaults(func=commands.validate)
 
     s = sub.add_parser("show", help="print the resolved recipe (defaults filled in)")
-    s.add_argument("recipe")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("recipe", type=RECIPE)
+    s.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE")
     s.set_defaults(func=commands.show)
 
     ls = sub.add_parser("ls", help="list registered components")
-    ls.add_argument("kind", nargs="*", help="kinds to list (default: all)")
+    ls.add_argument("kind", nargs="*", type=Choice(*KINDS), help="kinds to list (default: all)")
     ls.set_defaults(func=commands.ls)
 
     e = sub.add_parser("eval", help="score a run or checkpoint on evaluation prompts (deterministic ODE sampling)")
-    e.add_argument("path", help="run folder, checkpoint folder, or a recipe (its initial, untrained policy)")
-    e.add_argument("--prompts", type=_positive, default=None, help="use the first N evaluation prompts (default: all)")
-    e.add_argument("--split", default=None, help="the embedded world's evaluation split: test (default), novel, train")
+    e.add_argument("path", type=ANY_PATH,
+                   help="run folder, checkpoint folder, or a recipe (its initial, untrained policy)")
+    e.add_argument("--prompts", type=COUNT, default=None, help="use the first N evaluation prompts (default: all)")
+    e.add_argument("--split", default=None, type=Choice("test", "novel", "train"),
+                   help="the embedded world's evaluation split: test (default), novel, train")
     e.add_argument(
         "--group-size",
-        type=_positive,
+        type=COUNT,
         default=0,
         metavar="G",
         help="also pass@1 and pass@G from G SDE samples per prompt",
     )
-    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
-    e.add_argument("--checkpoint", type=_which, default="last", help=CHECKPOINT_HELP)
+    e.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE",
+                   help="override a recipe key")
+    e.add_argument("--checkpoint", type=Checkpoint(), default="last", help=CHECKPOINT_HELP)
     e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--seed", type=SEED, default=0)
     e.set_defaults(func=commands.evaluate)
 
     sm = sub.add_parser("sample", help="generate a PNG grid with a run's or checkpoint's weights")
-    sm.add_argument("path", help="run folder, checkpoint folder, or a recipe (its initial policy)")
-    sm.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
-    sm.add_argument("--per-prompt", type=int, default=4)
-    sm.add_argument("--out", default="samples.png")
-    sm.add_argument("--seed", type=int, default=0)
-    sm.add_argument("--checkpoint", type=_which, default="last", help=CHECKPOINT_HELP)
+    sm.add_argument("path", type=ANY_PATH, help="run folder, checkpoint folder, or a recipe (its initial policy)")
+    sm.add_argument("--prompt", action="append", required=True, type=Text(), help="a prompt (repeat for several)")
+    sm.add_argument("--per-prompt", type=COUNT, default=4, help="images per prompt (default 4)")
+    sm.add_argument("--out", default="samples.png", type=OutputFile(".png"), help="the PNG grid (default samples.png)")
+    sm.add_argument("--seed", type=SEED, default=0)
+    sm.add_argument("--checkpoint", type=Checkpoint(), default="last", help=CHECKPOINT_HELP)
     sm.set_defaults(func=commands.sample)
     en = sub.add_parser("entropy", help="per-step std and entropy of a recipe's schedule, and its selector's units")
-    en.add_argument("recipe")
-    en.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    en.add_argument("--max-merge", type=int, default=4, help="merge counts to tabulate (1..K)")
-    en.add_argument("--plot", type=_plot_file, default="", help="also write a PNG of the entropy per step here")
+    en.add_argument("recipe", type=RECIPE)
+    en.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE")
+    en.add_argument("--max-merge", type=COUNT, default=4, help="merge counts to tabulate (1..K)")
+    en.add_argument("--plot", type=PLOT, default="", help="also write a PNG of the entropy per step here")
     en.set_defaults(func=commands.entropy)
 
     pr = sub.add_parser("profile", help="reward spread when one step at a time is stochastic (where RL can act)")
-    pr.add_argument("path", help="a recipe (its initial policy), run folder or checkpoint")
-    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key")
-    pr.add_argument("--prompts", type=_positive, default=32, help="training prompts to sample (default 32)")
-    pr.add_argument("--group-size", type=_positive, default=None, metavar="G", help="default: the sampler's")
+    pr.add_argument("path", type=ANY_PATH, help="a recipe (its initial policy), run folder or checkpoint")
+    pr.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE",
+                    help="override a recipe key")
+    pr.add_argument("--prompts", type=COUNT, default=32, help="training prompts to sample (default 32)")
+    pr.add_argument("--group-size", type=COUNT, default=None, metavar="G", help="default: the sampler's")
     pr.add_argument("--json", action="store_true", help="print one JSON object")
-    pr.add_argument("--plot", type=_plot_file, default="", help="write a PNG of the profile here")
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--plot", type=PLOT, default="", help="write a PNG of the profile here")
+    pr.add_argument("--seed", type=SEED, default=0)
     pr.set_defaults(func=commands.profile)
 
     rp = sub.add_parser("report", help="write a one-page HTML report of a run: curves, alerts, samples, recipe")
-    rp.add_argument("run", help="run folder")
-    rp.add_argument("--out", default=None, metavar="FILE.html", help="where to write it (default: RUN/report.html)")
+    rp.add_argument("run", type=FOLDER, help="run folder")
+    rp.add_argument("--out", default=None, type=OutputFile(".html"), metavar="FILE.html",
+                    help="where to write it (default: RUN/report.html)")
     rp.set_defaults(func=commands.report)
 
     from flowrl.bench.cli import configure as configure_bench

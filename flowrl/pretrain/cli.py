@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import argparse
 
+from flowrl.cli.options import ExistingPath, KeyValue, OutputFolder
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="a pre-training recipe, e.g. recipes/pretrain/world.toml")
+    parser.add_argument("recipe", type=ExistingPath("file"),
+                        help="a pre-training recipe, e.g. recipes/pretrain/world.toml")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key (train.steps=100)"
+        "--set", action="append", default=[], type=KeyValue(), metavar="KEY=VALUE",
+        help="override a recipe key (train.steps=100)",
     )
-    parser.add_argument("--output-dir", default=None, help="where to save the pipeline (default: the recipe's)")
+    parser.add_argument("--output-dir", default=None, type=OutputFolder(),
+                        help="where to save the pipeline (default: the recipe's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 

@@ -4,6 +4,7 @@ gradient clipping, the non-finite guard and the optimizer step."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from flowrl.interfaces import ForwardProcessLoss, PolicyLoss
 from flowrl.recipe import Recipe
@@ -65,11 +67,15 @@ class PolicyUpdate:
         several = self.accelerator.num_processes > 1  # the kept forwards skip DDP; gradients averaged below
         levels = RetainedVelocities.trained_levels(plan, self.schedule)
         module = backbone.transformer if several else None
-        self.retained = RetainedVelocities(backbone, levels, module, self.recipe.source)
+        strict = self.cfg.update == "retain"  # auto: graphs too large for memory fall back to recomputing
+        self.retained = RetainedVelocities(backbone, levels, module, self.recipe.source, strict)
         return self.retained.recording()
 
     def __call__(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch, step: int) -> dict[str, float]:
         """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped."""
+        if self.retained is not None and self.retained.abandoned:
+            tqdm.write(f"trainer.update = auto: {self.retained.abandoned}", file=sys.stderr)
+            self.mode, self.retained = "recompute", None
         try:
             return self._update(rollout, advantages, rewards, step)
         finally:

@@ -11,8 +11,10 @@ an input that matches nothing is computed again, so a sampler the mechanism does
 correctness.
 
 Memory: the kept graphs live from their forward to the update's backward. Their size is counted while they are
-made (the tensors autograd saves, parameters left out); a rollout whose kept graphs would pass 90% of the
-memory free when it started stops with a recipe error naming ``trainer.update`` before the device runs out.
+made (the tensors autograd saves, parameters left out). When they would pass 90% of the memory free as the
+rollout started, an explicit ``retain`` stops with a recipe error naming ``trainer.update`` before the device
+runs out; under ``auto`` the kept graphs are dropped (:attr:`RetainedVelocities.abandoned`) and the update
+recomputes, as ``recompute`` would.
 """
 
 from __future__ import annotations
@@ -55,8 +57,11 @@ class RetainedVelocities:
     run's unwrapped transformer: the trainer then averages the gradients itself).
     """
 
-    def __init__(self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None, source: str = "") -> None:
-        self.backbone, self.levels, self.module, self.source = backbone, levels, module, source
+    def __init__(
+        self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None, source: str = "", strict: bool = True
+    ) -> None:
+        self.backbone, self.levels, self.module, self.source, self.strict = backbone, levels, module, source, strict
+        self.abandoned = ""  # why the kept graphs were dropped (auto mode, too large); "" while kept
         self.kept: list[tuple[Tensor, Tensor]] = []  # (detached input, velocity with graph) per kept call
         self.index: dict[tuple[int, ...], tuple[int, int]] = {}  # row key -> (call, row)
         self.rows_kept = 0
@@ -81,7 +86,7 @@ class RetainedVelocities:
 
         def kept_velocity(x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
             at_level = torch.isin(s.detach().float().cpu(), self.levels.float().cpu())
-            if self._reference_depth or forwards_untrained() or not bool(at_level.any()):
+            if self.abandoned or self._reference_depth or forwards_untrained() or not bool(at_level.any()):
                 return velocity(x, s, cond)
             x = x.detach()
             swap: AbstractContextManager[None] = (
@@ -99,12 +104,14 @@ class RetainedVelocities:
 
             with torch.enable_grad(), swap, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 v = velocity(x, s, cond)
+            self.rows_kept += int(x.shape[0])
             self._check_fits()
+            if self.abandoned:
+                return v.detach()
             call = len(self.kept)
             self.kept.append((x, v))
             for row, key in enumerate(row_keys(x, s, cond)):
                 self.index.setdefault(key, (call, row))
-            self.rows_kept += int(x.shape[0])
             return v.detach()
 
         @contextmanager
@@ -131,11 +138,14 @@ class RetainedVelocities:
         if self._limit is None or self.bytes_kept <= self._limit:
             return
         gib = 2**30
-        why = (f"the rollout's retained graphs passed {self.bytes_kept / gib:.1f} GiB of the"
-               f" {self._limit / 0.9 / gib:.1f} GiB free on {self.backbone.device.type} when it started"
-               f" ({self.rows_kept} rows kept so far): set 'recompute', or fewer prompts or rollouts per step")
+        why = (f"the rollout's retained graphs passed {self.bytes_kept / gib:.2f} GiB of the"
+               f" {self._limit / 0.9 / gib:.2f} GiB free on {self.backbone.device.type} when it started"
+               f" ({self.rows_kept} rows kept)")
         self.kept, self.index = [], {}
-        raise RecipeError(self.source or "<recipe>", [("trainer.update", why)])
+        if self.strict:
+            advice = ": set 'recompute' or 'auto', or fewer prompts or rollouts per step"
+            raise RecipeError(self.source or "<recipe>", [("trainer.update", why + advice)])
+        self.abandoned = why + "; the update recomputes from now on"
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
         """The kept velocities of these inputs (graphs attached), or the backbone's velocity, computed again

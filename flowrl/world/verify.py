@@ -258,7 +258,9 @@ def verify_batch(images: Any, scenes: Sequence[Scene]) -> list[Verdict]:
         raise ValueError(f"expected a (B, ...) batch of {len(scenes)} images, got shape {arr.shape}")
     rgbs = [_as_rgb255(image) for image in arr]
     analysed = [_analyse(rgb) for rgb in rgbs]
-    labels = label_components(np.stack([cmap for cmap, _ in analysed])) if analysed else []  # one batched pass
+    if not analysed:
+        return []
+    labels = label_components(np.stack([cmap for cmap, _ in analysed]))  # one batched pass over the batch
     return [
         check(_objects(cmap, cover, lab), scene, size=rgb.shape[0])
         for rgb, (cmap, cover), lab, scene in zip(rgbs, analysed, labels, scenes, strict=True)
