@@ -207,10 +207,16 @@ class OutputFile(Kind):
         if not text.strip():
             _refuse("expected a file name, got nothing")
         if Path(text).is_dir():
-            _refuse(f"{text}: is a folder; expected a file name ending in {' or '.join(self.suffixes)}")
+            _refuse(f"{text}: is a folder; expected a file name ending in {self.either}")
         if not text.lower().endswith(self.suffixes):
-            _refuse(f"expected a file name ending in {' or '.join(self.suffixes)}, got {text!r}")
+            _refuse(f"expected a file name ending in {self.either}, got {text!r}")
         return text
+
+    @property
+    def either(self) -> str:
+        """The suffixes in words: ``.png, .pdf or .svg``."""
+        *first, last = self.suffixes
+        return f"{', '.join(first)} or {last}" if first else last
 
     def bad(self, tmp: Path) -> list[tuple[str, str]]:
         out = [("a folder", str(_folder(tmp))), ("another suffix", str(tmp / "x.bad"))]
