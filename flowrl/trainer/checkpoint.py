@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -123,8 +124,13 @@ def list_checkpoints(parent: Path) -> list[Path]:
     """Complete checkpoints under ``parent``, oldest first."""
     if not parent.is_dir():
         return []
-    found = [p for p in parent.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp") and (p / STATE).exists()]
+    found = [p for p in step_folders(parent) if (p / STATE).exists()]
     return sorted(found, key=checkpoint_step)
+
+
+def step_folders(parent: Path) -> list[Path]:
+    """The ``step_NNNNNN`` folders under ``parent``, complete or not (staging folders and other names left out)."""
+    return [p for p in parent.glob("step_*") if p.is_dir() and p.name[len("step_"):].isdigit()]
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -147,6 +153,8 @@ def find_checkpoint(path: Path, which: str = "last") -> Path:
     steps = ", ".join(str(checkpoint_step(p)) for p in found) or "none"
     if which == BEST:
         best = path / "checkpoints" / BEST
+        if best.is_dir() and not (best / STATE).exists():
+            raise CheckpointError(f"{best} is incomplete (no {STATE}); choose a step ({steps}) or last")
         if not (best / STATE).exists():
             raise CheckpointError(f"{path}: no best checkpoint (trainer.keep_best needs evaluations); steps: {steps}")
         return best
@@ -157,6 +165,10 @@ def find_checkpoint(path: Path, which: str = "last") -> Path:
         return chosen[0]
     if not found:
         raise CheckpointError(f"{path}: no checkpoint found (expected {path}/checkpoints/step_*/)")
+    newer = [p for p in step_folders(path / "checkpoints")
+             if not (p / STATE).exists() and checkpoint_step(p) > checkpoint_step(found[-1])]
+    for skipped in sorted(newer, key=checkpoint_step):  # said, not silent: the user may have expected it
+        print(f"note: {skipped} is incomplete (no {STATE}); using {found[-1].name}", file=sys.stderr)
     return found[-1]
 
 
@@ -171,8 +183,10 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, Tensor], dict[str, Any], di
         name = "extra.pt"
         extra_path = folder / name
         extra = torch.load(extra_path, weights_only=False) if extra_path.exists() else {}
-    except FileNotFoundError as error:
-        raise CheckpointError(f"checkpoint {folder}: missing {Path(error.filename).name}") from None
+    except FileNotFoundError:  # (safetensors names no file in its error)
+        raise CheckpointError(
+            f"checkpoint {folder}: {name} is missing; use another checkpoint (an earlier step_* folder)"
+        ) from None
     except Exception as error:  # truncated or corrupt files raise many types
         raise CheckpointError(
             f"checkpoint {folder}: {name} is truncated or corrupt ({type(error).__name__}: {error});"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.recipe import Recipe, RecipeError, recipe_from_dict
+from flowrl.trainer.checkpoint import CheckpointError
 
 RESUMABLE = ("name", "trainer.", "optim.")  # keys (or key prefixes) a resume may change
 
@@ -47,8 +48,14 @@ def check_resume(checkpoint: Path, recipe: Recipe) -> list[tuple[str, Any, Any]]
     each key outside :data:`RESUMABLE`, else the list (empty when nothing changed)."""
     saved = Path(checkpoint) / "recipe.toml"
     if not saved.is_file():
-        return []  # a checkpoint from before recipes were saved with it: nothing to compare
-    changes = recipe_changes(saved_settings(saved), recipe.to_dict())
+        raise CheckpointError(f"checkpoint {checkpoint}: recipe.toml is missing (a resumed run is checked against"
+                              " it); use another checkpoint (an earlier step_* folder)")
+    try:
+        settings = saved_settings(saved)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"checkpoint {checkpoint}: recipe.toml is truncated or corrupt ({error}); use another"
+                              " checkpoint (an earlier step_* folder)") from None
+    changes = recipe_changes(settings, recipe.to_dict())
     refused = [(k, old, new) for k, old, new in changes if not k.startswith(RESUMABLE)]
     if refused:
         raise RecipeError(

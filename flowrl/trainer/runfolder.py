@@ -63,3 +63,20 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
                 break  # torn by a crash: the iteration it described will run again
             raise RunFolderError(f"{path}: line {number} is not valid JSON; the run folder is damaged") from None
     return rows
+
+
+def check_history(run_dir: Path, checkpoint: Path, step: int, log_every: int) -> None:
+    """Before a run resumes in its own folder: ``metrics.jsonl`` must hold the rows up to the checkpoint's
+    ``step`` (a missing or cut file would silently lose them); a :class:`RunFolderError` naming it otherwise.
+    A checkpoint from elsewhere (resumed into a new folder) starts a new history."""
+    if Path(checkpoint).resolve().parent.parent != Path(run_dir).resolve():
+        return
+    path = Path(run_dir) / "metrics.jsonl"
+    fix = f"restore it, or resume from {checkpoint} into a new --output-dir"
+    if not path.exists():
+        raise RunFolderError(f"{path} is missing: resuming at step {step} would lose the run's history; {fix}")
+    steps = [int(row.get("step", -1)) for row in read_metrics(path) if isinstance(row, dict)]
+    last = max(steps, default=-1)
+    if step > 0 and last + log_every <= step:
+        raise RunFolderError(f"{path} ends at step {last} but the checkpoint is at step {step} (the file was cut);"
+                             f" {fix}")

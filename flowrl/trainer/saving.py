@@ -30,6 +30,7 @@ from flowrl.trainer.errors import BestMetricError, NonFiniteError
 from flowrl.trainer.heldout import Grid
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.runfolder import check_history
 from flowrl.trainer.sharding import merge_slices
 
 
@@ -122,7 +123,11 @@ class RunCheckpoints:
         """Restore the policy, RNG and component state from a step checkpoint; returns its counters."""
         weights, state, extra = load_checkpoint(folder)
         if "lr_schedule" not in extra:
+            if Path(folder).name.startswith("step_"):
+                raise CheckpointError(f"checkpoint {folder}: extra.pt is missing (the optimizer, RNG and part states"
+                                      "); resume from another step_* folder")
             raise CheckpointError(f"checkpoint {folder} holds weights only (a best checkpoint); resume from a step_*")
+        check_history(self.run_dir, Path(folder), int(state["step"]), self.recipe.trainer.log_every)
         # A sharded run's optimizer and EMA state is one slice per process; another process count (or no
         # sharding) resumes from the slices merged into full tensors.
         written = int(state.get("sharded_processes", 0))
