@@ -287,8 +287,9 @@ CASES = [
         "a `--set` override without `=`",
         ("show", "tiny.toml", "--set", "sampler.group_size"),
         recipe(),
-        "recipe error: 1 problem in tiny.toml\n  [--set] expected table.key=value, got 'sampler.group_size'",
-        ("tiny.toml", "--set"),
+        "error: argument --set: expected KEY=VALUE such as trainer.max_steps=10, got 'sampler.group_size'"
+        " (see flowrl show --help)",
+        ("--set",),
     ),
     Case(
         "set-below-a-value",
@@ -321,8 +322,8 @@ CASES = [
         "a recipe file that does not exist",
         ("train", "missing.toml"),
         lambda folder, run: None,
-        "recipe error: 1 problem in missing.toml\n  [file] no such recipe file",
-        ("missing.toml", "[file]"),
+        "error: argument recipe: missing.toml: no such recipe file; check the path (see flowrl train --help)",
+        ("missing.toml", "recipe"),
     ),
     Case(
         "recipe-not-utf8",
@@ -366,7 +367,8 @@ CASES = [
         "`flowrl eval` of a folder that does not exist",
         ("eval", "no_such_run"),
         lambda folder, run: None,
-        "error: no_such_run: no such run or checkpoint folder; check the path",
+        "error: argument path: no_such_run: no such run folder, checkpoint folder or recipe; check the path"
+        " (see flowrl eval --help)",
         ("no_such_run",),
         absent=("no_such_run",),
     ),
@@ -405,7 +407,8 @@ CASES = [
         "`--resume` of a folder that does not exist",
         ("train", "tiny.toml", "--resume", "no_such_run"),
         recipe(),
-        "error: --resume no_such_run: no such run or checkpoint folder; check the path",
+        "error: argument --resume: no_such_run: no such run or checkpoint folder; check the path"
+        " (see flowrl train --help)",
         ("no_such_run", "--resume"),
         absent=("no_such_run",),
     ),

@@ -28,7 +28,8 @@ from flowrl.cli.options import (  # noqa: E402
 from flowrl.registry import KINDS  # noqa: E402
 
 CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
-RECIPE, ANY_PATH, FOLDER = ExistingPath("file"), ExistingPath("any"), ExistingPath("folder")
+RECIPE, FOLDER = ExistingPath("file", "recipe file"), ExistingPath("folder", "run or checkpoint folder")
+ANY_PATH = ExistingPath("any", "run folder, checkpoint folder or recipe")
 SEED, COUNT, OVERRIDE = Whole(0, SEED_LIMIT), Whole(1), KeyValue()
 PLOT = OutputFile(".png", ".pdf", ".svg", optional=True)
 
@@ -108,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=commands.profile)
 
     rp = sub.add_parser("report", help="write a one-page HTML report of a run: curves, alerts, samples, recipe")
-    rp.add_argument("run", type=FOLDER, help="run folder")
+    rp.add_argument("run", type=ExistingPath("folder", "run folder"), help="run folder")
     rp.add_argument("--out", default=None, type=OutputFile(".html"), metavar="FILE.html",
                     help="where to write it (default: RUN/report.html)")
     rp.set_defaults(func=commands.report)

@@ -2,8 +2,8 @@
 kinds, which parses a value or refuses it with one line, and names the bad values it refuses (the tests
 generate their cases from them: tests/test_cli_options.py).
 
-A refused value ends the command before anything loads: ``flowrl CMD: error: argument --opt: why`` and exit
-status 2 (:class:`OneLineParser`).
+A refused value ends the command before anything loads: ``error: argument --opt: why (see flowrl CMD --help)``
+and exit status 2 (:class:`OneLineParser`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ SEED_LIMIT = 2**63  # torch.Generator.manual_seed takes seeds in [0, 2**63)
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (no usage block): ``prog: error: message``, exit 2."""
+    """An argument parser whose errors are one line (no usage block), as every flowrl error is:
+    ``error: message (see prog --help)``, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 class Kind:
@@ -165,17 +166,18 @@ class KeyValue(Kind):
 
 
 class ExistingPath(Kind):
-    """A path that exists: a ``file``, a ``folder`` or ``any`` of the two."""
+    """A path that exists: a ``file``, a ``folder`` or ``any`` of the two; ``what`` names it in messages."""
 
-    def __init__(self, kind: str = "any") -> None:
+    def __init__(self, kind: str = "any", what: str = "") -> None:
         self.kind = kind
+        self.what = what or {"file": "file", "folder": "folder"}.get(kind, "file or folder")
 
     def __call__(self, text: str) -> str:
         if not text.strip():
             _refuse("expected a path, got nothing")
         path = Path(text)
         if not path.exists():
-            _refuse(f"{text}: no such file or folder")
+            _refuse(f"{text}: no such {self.what}; check the path")
         if self.kind == "file" and not path.is_file():
             _refuse(f"{text}: expected a file, got a folder")
         if self.kind == "folder" and not path.is_dir():
