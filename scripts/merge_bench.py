@@ -1,5 +1,6 @@
 """Compare the methods of several `flowrl bench` reports (results.json) as one bench: a method measured in an
-earlier report need not be trained again. Every comparison (pairwise tests, reach ratios on every axis the
+earlier report need not be trained again, and more seeds of a method (another report, other seeds) join its
+earlier ones. Every comparison (pairwise tests, reach ratios on every axis the
 runs share) is computed anew; the reports must use the same metric.
 
     python scripts/merge_bench.py DIR [DIR ...] --reference NAME --out OUT
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 from flowrl.bench.plots import plot_curves
-from flowrl.bench.report import compare_methods, markdown
+from flowrl.bench.report import compare_methods, markdown, method_summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,9 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics.add(results["metric"])
         sources.append(str(folder))
         for name, summary in results["methods"].items():
-            if name in methods:
-                print(f"error: method '{name}' is in more than one report ({path})", file=sys.stderr)
-                return 2
+            if name in methods:  # more seeds of one method: the seeds join, the summary is computed anew
+                shared = sorted(set(methods[name]["seeds"]) & set(summary["seeds"]), key=int)
+                if shared:
+                    print(f"error: method '{name}' has seed {shared[0]} in more than one report ({path})",
+                          file=sys.stderr)
+                    return 2
+                summary = method_summary({**methods[name]["seeds"], **summary["seeds"]})
             methods[name] = summary
     if len(metrics) != 1:
         print(f"error: the reports use different metrics: {', '.join(sorted(metrics))}", file=sys.stderr)

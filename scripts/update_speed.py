@@ -9,8 +9,9 @@ is built on the same seed; their iterations alternate (recompute, retain, recomp
 machine falls on both alike. One warm-up iteration each is left out. Evaluation, checkpoints, images and the
 drift probe are off; one torch thread. Printed per recipe and mode: mean seconds per iteration, transformer
 forwards per iteration (rollout plus update), time outside the transformer (``time/outside_share``), the
-ratio recompute / retain, and the size of the graphs retain keeps from the rollout to the update. The rollouts of the two modes are the same; the float rounding of their updates
-differs, so later iterations draw slightly different samples.
+ratio recompute / retain, and the size of the graphs retain keeps from the rollout to the update. The
+rollouts of the two modes are the same; the float rounding of their updates differs, so later iterations draw
+slightly different samples.
 """
 
 from __future__ import annotations

@@ -380,5 +380,16 @@ def test_merging_reports_compares_methods_across_them(runs: dict[str, dict[int, 
     whole = build_results(runs)
     assert merged["reach_ratios"] == whole["reach_ratios"] and merged["pairwise"] == whole["pairwise"]
     assert "| fast |" in (tmp_path / "merged" / "results.md").read_text()
-    assert merge([str(one), str(one), "--reference", "ref", "--out", str(tmp_path / "x")]) == 2  # a method twice
+    assert merge([str(one), str(one), "--reference", "ref", "--out", str(tmp_path / "x")]) == 2  # a seed twice
+    # more seeds of a method in another report join its earlier ones: the same figures as one bench
+    seeds = sorted(runs["ref"])
+    first, rest = tmp_path / "first", tmp_path / "rest"
+    later = {"ref": {k: runs["ref"][k] for k in seeds[1:]}, "fast": runs["fast"], "slow": runs["slow"]}
+    for folder, part in ((first, {"ref": {k: runs["ref"][k] for k in seeds[:1]}}), (rest, later)):
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(build_results(part)))
+    assert merge([str(first), str(rest), "--reference", "ref", "--out", str(tmp_path / "joined")]) == 0
+    joined = json.loads((tmp_path / "joined" / "results.json").read_text())
+    assert joined["methods"]["ref"]["final_score"] == whole["methods"]["ref"]["final_score"]
+    assert joined["reach_ratios"] == whole["reach_ratios"] and joined["pairwise"] == whole["pairwise"]
     assert merge([str(one), str(tmp_path / "none"), "--reference", "ref", "--out", str(tmp_path / "x")]) == 2
