@@ -1,6 +1,7 @@
 """Settings that only the libraries refuse, when the part is built, are refused at recipe load (so by
 ``flowrl validate``, before any model loads), naming the key; what no check can foresee (LoRA target names
-that exist only in the built model) becomes a recipe error when training starts, before any iteration."""
+that exist only in the built model) is checked by ``flowrl validate`` on the transformer built without weights,
+and is a recipe error when training starts, before any iteration."""
 
 from __future__ import annotations
 
@@ -66,3 +67,24 @@ def test_a_rollout_batch_that_cannot_fit_is_refused_before_the_first_rollout(tmp
         Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     assert rollout_bytes(2, 4, (16, 12), 256) == 4 * 2 * (5 * 192 + 3 * 256)  # the bound's arithmetic
+
+
+@pytest.mark.parametrize("backbone", [None, {"type": "tiny_sd3", "resolution": 16}])
+def test_validate_checks_lora_targets_against_the_model_without_weights(  # type: ignore[no-untyped-def]
+    tmp_path: Path, capsys, backbone: dict | None
+) -> None:
+    """flowrl validate builds the transformer on the meta device (no weights) and names each target that
+    selects no layer, including a typo beside a valid target (peft would ignore it silently)."""
+    from flowrl.cli.main import main
+
+    data = edited(lambda d: d.update(lora={"rank": 2, "target_modules": ["to_q", "to_kk"]}))
+    if backbone is not None:
+        data["backbone"] = backbone
+    path = tmp_path / "r.toml"
+    path.write_text(recipe_from_dict(data).to_toml())
+    assert main(["validate", str(path)]) == 2
+    out = capsys.readouterr().out
+    assert "[lora.target_modules] 'to_kk' matches no adaptable layer" in out and "'to_q'" not in out
+    data["lora"]["target_modules"] = ["to_q", "to_out.0"]
+    path.write_text(recipe_from_dict(data).to_toml())
+    assert main(["validate", str(path)]) == 0

@@ -224,6 +224,13 @@ class FluxFromPretrained(FluxAdapter):
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
 
+    @staticmethod
+    def transformer_on_meta(config: Any) -> Any:
+        """The saved transformer without weights, when its config is on this machine (module_names)."""
+        from flowrl.backbones.module_names import saved_transformer
+
+        return saved_transformer(config.path) if config.path else None
+
     def load_pipeline(self) -> Any:
         from diffusers import FluxPipeline
 

@@ -179,6 +179,13 @@ class SD3FromPretrained(SD3Adapter):
         grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))  # sigma grid
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
 
+    @staticmethod
+    def transformer_on_meta(config: Any) -> Any:
+        """The saved transformer without weights, when its config is on this machine (module_names)."""
+        from flowrl.backbones.module_names import saved_transformer
+
+        return saved_transformer(config.path)
+
     def load_pipeline(self) -> Any:
         from diffusers import StableDiffusion3Pipeline
 

@@ -51,6 +51,14 @@ class TinyFlux(FluxAdapter):
     def check_config(config: Config) -> list[tuple[str, str]]:
         return spec_problems(TinyFlux.spec, config)
 
+    @staticmethod
+    def transformer_on_meta(config: Config) -> Any:
+        """The transformer without weights (flowrl.backbones.module_names)."""
+        from flowrl.backbones.module_names import on_meta
+        from flowrl.backbones.tiny import _transformer
+
+        return on_meta(lambda: _transformer(TinyFlux.spec(config)))
+
     def load_pipeline(self) -> Any:
         from flowrl.backbones.tiny import tiny_flux_pipeline
 

@@ -177,5 +177,12 @@ class TinySD3(SD3Adapter):
     def check_config(config: Config) -> list[tuple[str, str]]:
         return spec_problems(TinySD3.spec, config)
 
+    @staticmethod
+    def transformer_on_meta(config: Any) -> Any:
+        """The transformer without weights (flowrl.backbones.module_names)."""
+        from flowrl.backbones.module_names import on_meta
+
+        return on_meta(lambda: _transformer(TinySD3.spec(config)))
+
     def load_pipeline(self) -> Any:
         return tiny_sd3_pipeline(self.spec(self.config), seed=self.config.seed)

@@ -44,9 +44,14 @@ def train(args: argparse.Namespace) -> int:
 
 def validate(args: argparse.Namespace) -> int:
     failed = 0
+    from flowrl.backbones.module_names import lora_target_problems
+
     for path in args.recipes:
         try:
-            load_recipe(path, args.set)
+            recipe = load_recipe(path, args.set)
+            problems = list(lora_target_problems(recipe))  # what building the model would refuse, without weights
+            if problems:
+                raise RecipeError(recipe.source, problems)
             print(f"ok  {path}")
         except RecipeError as error:
             failed += 1

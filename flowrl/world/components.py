@@ -104,6 +104,13 @@ class WorldTiny(FluxFromPretrained):
         max_sequence_length: int = attrs.field(default=16, validator=gt(0))
         dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
 
+    @staticmethod
+    def transformer_on_meta(config: Any) -> Any:
+        """The shipped (or given) model's transformer without weights (flowrl.backbones.module_names)."""
+        from flowrl.backbones.module_names import saved_transformer
+
+        return saved_transformer(config.path or str(BASE_MODEL))
+
     def load_pipeline(self) -> Any:
         if not self.config.path:
             if not (BASE_MODEL / "model_index.json").exists():
