@@ -10,7 +10,10 @@ throughput (transformer rows per second of rollout time; a CFG step is 2 rows), 
 (the first, warm-up iteration left out) and the peak memory (CUDA allocator peak, or the process's peak
 RSS on a CPU). For FLUX-class models it also times the same model's plain diffusers inference
 (``FluxPipeline.__call__``, same batch, steps and precision) and prints the ratio of the rollout throughput to
-it. Each case runs in its own process, so a CUDA fault in one leaves the others measurable; the
+it. Every model runs under both update modes (``trainer.update = "recompute"`` and ``"retain"``, as
+``name:mode`` cases): the ratio of their iteration times is the recompute-free update's speed-up, and
+``retained`` the size of the graphs ``retain`` keeps (docs/performance.md). Each case runs in its own
+process, so a CUDA fault in one leaves the others measurable; the
 script exits 1 if any case crashed or saw a non-finite reward, advantage, loss or gradient norm.
 ``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
 """
@@ -174,7 +177,8 @@ def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             rows.append((trainer.nfe - nfe, metrics))
-        baseline = diffusers_rows_per_s(trainer, data)
+        retained = max((m.get("update/retained_mb", 0.0) for _, m in rows), default=0.0)
+        baseline = diffusers_rows_per_s(trainer, data) if name.endswith(":retain") else None
         trainer.logger.close()
     timed = rows[1:] or rows
     iter_s = sum(m["time/iteration_s"] for _, m in timed) / len(timed)
@@ -184,13 +188,14 @@ def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
     bad = sorted({key for _, m in rows for key in watched if not math.isfinite(m[key])})
     finite = not bad and not any(m["skipped_steps"] for _, m in rows)
     print(
-        f"{name:<10} {params / 1e6:9.1f}M  build {build_s:6.1f} s  rollout {nfe_per_s:8.1f} NFE/s  "
-        f"iteration {iter_s:7.3f} s  peak {peak_gb:6.2f} GB  loss {rows[-1][1]['loss']:+.3e}  "
+        f"{name:<20} {params / 1e6:9.1f}M  build {build_s:6.1f} s  rollout {nfe_per_s:8.1f} NFE/s  "
+        f"iteration {iter_s:7.3f} s  peak {peak_gb:6.2f} GB  retained {retained / 1024:5.2f} GB  "
+        f"loss {rows[-1][1]['loss']:+.3e}  "
         f"{'ok' if finite else 'NON-FINITE: ' + ', '.join(bad or ['skipped steps'])}",
         flush=True,
     )
     if baseline is not None:  # the goal: flowrl's rollouts at least 0.83x plain diffusers inference
-        print(f"{'':<10} diffusers FluxPipeline {baseline:8.1f} NFE/s  flowrl / diffusers {nfe_per_s / baseline:.2f}")
+        print(f"{'':<20} diffusers FluxPipeline {baseline:8.1f} NFE/s  flowrl / diffusers {nfe_per_s / baseline:.2f}")
     del trainer
     return finite
 
@@ -245,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         mid_flux_class()  # defined here; the recipe names it by dotted path
         mid = {"type": "__main__:MidFlux", "build_device": args.device}
         cases.append(("mid_flux", recipe(mid, lora=False, steps=8, group=4, attention=att)))
+    # each model under both update modes (docs/performance.md): the rows' iteration times give the ratio
+    cases = [(f"{name}:{mode}", {**data, "trainer": {**data["trainer"], "update": mode}})
+             for name, data in cases for mode in ("recompute", "retain")]
     if args.case is not None:
         data = dict(cases)[args.case]
         return 0 if run_case(args.case, data, max(2, args.iterations)) else NON_FINITE
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, __file__, "--case", name, *(argv if argv is not None else sys.argv[1:])]
         returncode = subprocess.run(command).returncode
         if returncode not in (0, NON_FINITE):  # the row was not printed: the case crashed (traceback above)
-            print(f"{name:<10} FAILED (exit status {returncode})", flush=True)
+            print(f"{name:<20} FAILED (exit status {returncode})", flush=True)
         ok = returncode == 0 and ok
     print("gpu_check:", "all finite" if ok else "FAILED: a case crashed or saw non-finite values")
     return 0 if ok else 1
