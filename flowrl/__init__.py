@@ -4,6 +4,7 @@ Public API: :func:`build`, :func:`available`, :func:`load_recipe`, :func:`regist
 the batch types.
 """
 
+from flowrl import quiet
 from flowrl.errors import UserError
 from flowrl.extras import Extra, PerRollout, RolloutIds
 from flowrl.interfaces import (
@@ -34,6 +35,8 @@ from flowrl.types import (
     Transitions,
     Unit,
 )
+
+quiet.install()  # transformers' torchvision fallback warning: nothing a flowrl user can act on (flowrl.quiet)
 
 __version__ = "0.1.0"
 
