@@ -267,8 +267,8 @@ def test_extend_decisions(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--seeds", ",", "--nfe-budget", "10"], "error: --seeds: no seeds given"),
-        (["--nfe-budget", "0"], "error: --nfe-budget: must be a positive"),
+        (["--seeds", ",", "--nfe-budget", "10"], "error: argument --seeds: expected comma-separated seeds"),
+        (["--nfe-budget", "0"], "error: argument --nfe-budget: expected a number of at least 1, got 0"),
         (["--nfe-budget", "10", "--set", "seed=4"], "error: --set seed: the bench sets this key"),
         (["--nfe-budget", "10", "--reference", "zz"], "error: --reference: no recipe is named 'zz'"),
     ],

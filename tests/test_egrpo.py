@@ -51,8 +51,9 @@ def tiny_egrpo(**trainer: object) -> dict:
     return data
 
 
-def test_nfe_is_the_minimum_and_logged(tmp_path: Path) -> None:
-    recipe = recipe_from_dict(tiny_egrpo(max_steps=2))
+@pytest.mark.parametrize("update", ["recompute", "retain"])
+def test_nfe_is_the_minimum_and_logged(tmp_path: Path, update: str) -> None:
+    recipe = recipe_from_dict(tiny_egrpo(max_steps=2, update=update))
     trainer = Trainer(recipe, tmp_path / "run", quiet=True)
     counted = {"rows": 0}
     original = trainer.update
@@ -69,8 +70,11 @@ def test_nfe_is_the_minimum_and_logged(tmp_path: Path) -> None:
     n, g, p = 6, 3, 2
     per_prompt = (1 + 1) + g * ((n - 0 - 1) + (n - 1 - 2))  # the anchor stops at the last start, 1
     assert [r["nfe"] for r in rows] == [p * per_prompt, 2 * p * per_prompt]
-    # Training: one transformer row per (prompt, unit), shared by the unit's G rollouts.
-    assert counted["rows"] == p * 2
+    # Training: one transformer row per (prompt, unit), shared by the unit's G rollouts; recomputed, or found
+    # among the rollout's kept forwards (then the update runs no forward at all)
+    assert counted["rows"] == (p * 2 if update == "recompute" else 0)
+    if update == "retain":
+        assert all(r["update/retained_used"] == p * 2 and r["update/recomputed_rows"] == 0 for r in rows)
 
 
 def test_tail_starts_after_the_merged_jump() -> None:

@@ -35,8 +35,12 @@ def test_run_folder(tmp_path: Path) -> None:
     assert set(rows[0]) >= KEYS
     # 2 prompts x G=4 rollouts x 4 steps, one evaluation per rollout per step.
     assert [r["nfe"] for r in rows] == [32, 64]
-    # rows add each update forward twice (forward and backward): 3 trained units x 8 rollouts = 24 inputs
-    assert [r["rows"] for r in rows] == [32 + 2 * 24, 2 * (32 + 2 * 24)]
+    # 3 trained units x 8 rollouts = 24 trained inputs. The default update (auto: retain here) backpropagates
+    # through the rollout's own forwards, so each counts once (its backward); recompute counts each twice.
+    assert [r["rows"] for r in rows] == [32 + 24, 2 * (32 + 24)]
+    assert all(r["update/backward_rows"] == 24 and r["update/recomputed_rows"] == 0 for r in rows)
+    recomputed = train(recipe_from_dict(tiny_recipe(update="recompute")), tmp_path / "recompute", quiet=True)
+    assert [r["rows"] for r in metrics(recomputed)] == [32 + 2 * 24, 2 * (32 + 2 * 24)]
     assert (run / "recipe.toml").exists()
     assert list((run / "tb").glob("events.out.tfevents.*"))
     ckpt = run / "checkpoints" / "step_000002"

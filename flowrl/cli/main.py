@@ -123,7 +123,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as stop:  # a refused option (one line already printed, status 2) or --help (0)
+        return int(stop.code or 0) if not isinstance(stop.code, str) else 2
     # Research code next to a recipe is importable as `module:Class` without installing it.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
