@@ -1,6 +1,7 @@
 """Every file of a run folder and its checkpoints, deleted, truncated and corrupted in turn, under every
 command that reads it: exit status 2, one line naming the file, and nothing in the folder changed (the
-lock file aside: a train command writes its pid there). The matrix is declared once below (READS)."""
+lock file aside: a train command writes its pid there). The matrix is declared once below (READS, and
+BENCH_READS for `flowrl bench --resume` over a bench folder)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,37 @@ def test_an_incomplete_last_checkpoint_is_skipped_with_a_note(pristine: Path, tm
     assert main(command("eval", run, tmp_path)) == 0
     err = capsys.readouterr().err
     assert f"{STEP.split('/')[1]} is incomplete (no trainer_state.json); using step_000001" in err
+
+
+# `flowrl bench --resume` reads a run's own files to decide whether to reuse, continue or extend it (a reused run's
+# checkpoints are not read). Tolerated by design: a run without final_eval.json is an interrupted one (continued).
+BENCH_READS = {"metrics.jsonl": ALL, "recipe.toml": ALL, "final_eval.json": ("truncate", "corrupt")}
+BENCH_CASES = [(f, d) for f, damages in BENCH_READS.items() for d in damages]
+BENCH = ["--seeds", "0", "--nfe-budget", "64", "--eval-every", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def bench_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A finished one-run bench (the tiny recipe, 2 iterations) and its recipe file."""
+    root = tmp_path_factory.mktemp("bench")
+    data = tiny_recipe(eval_prompts=1)
+    recipe = root / "tiny.toml"
+    recipe.write_text(recipe_from_dict(data).to_toml())
+    assert main(["bench", str(recipe), *BENCH, "--output-dir", str(root / "b")]) == 0
+    return recipe, root / "b"
+
+
+@pytest.mark.parametrize(("name", "how"), BENCH_CASES, ids=[" ".join(c) for c in BENCH_CASES])
+def test_bench_resume_names_a_damaged_run_file_and_keeps_the_run(  # type: ignore[no-untyped-def]
+    bench_folder: tuple[Path, Path], tmp_path: Path, capsys, name: str, how: str
+) -> None:
+    recipe, pristine_bench = bench_folder
+    folder = tmp_path / "b"
+    shutil.copytree(pristine_bench, folder)
+    damage(folder / "runs" / "tiny" / "seed0" / name, how)
+    before = digest(folder / "runs")
+    code = main(["bench", str(recipe), *BENCH, "--output-dir", str(folder), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert name in err and "Traceback" not in err, err
+    assert digest(folder / "runs") == before

@@ -161,6 +161,34 @@ def can_extend(run_dir: Path, recipe: Recipe) -> bool:
     )
 
 
+def check_damage(run_dir: Path) -> None:
+    """Before ``--resume`` decides what to do with ``run_dir``: a run whose own files are damaged (missing beside
+    the others, not UTF-8, not TOML or JSON) is a :class:`BenchError` naming the file, and the folder is kept
+    (training it again from scratch would silently replace a run that may have finished)."""
+    import tomllib
+
+    if not run_dir.is_dir():
+        return
+    present = {p.name for p in run_dir.iterdir()}
+    if not present & {"recipe.toml", "metrics.jsonl"}:
+        return
+    keep = f"the bench keeps the run: restore the file, or delete {run_dir} to train it again"
+    required = ["recipe.toml"] + (["metrics.jsonl"] if has_checkpoint(run_dir) or FINAL_EVAL in present else [])
+    for name in required:
+        if name not in present:
+            raise BenchError(f"{run_dir / name} is missing; {keep}")
+    for name, parse in (("recipe.toml", tomllib.loads), (FINAL_EVAL, json.loads), ("metrics.jsonl", None)):
+        path = run_dir / name
+        if name not in present:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            if parse is not None:
+                parse(text)
+        except (UnicodeDecodeError, ValueError) as error:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+            raise BenchError(f"{path} is damaged ({type(error).__name__}); {keep}") from None
+
+
 def clear_run_dir(run_dir: Path) -> None:
     """Remove an earlier run in ``run_dir`` (the trainer would append to its metrics)."""
     import shutil
@@ -259,6 +287,10 @@ def run_bench(
     continued: list[str] = []
     extended: list[str] = []
     start = time.perf_counter()
+    if resume:  # every run folder checked before any training: a damaged one stops the bench, kept as it is
+        for name, by_seed in plan.items():
+            for seed in by_seed:
+                check_damage(output_dir / "runs" / name / f"seed{seed}")
     with tqdm(total=len(plan) * len(seeds), desc="bench", unit="run") as bar:
         for name, by_seed in plan.items():
             for seed, recipe in by_seed.items():
