@@ -7,6 +7,9 @@ from typing import Any, Literal
 import attrs
 from attrs.validators import ge, gt, in_, le
 
+from flowrl.lr_schedule import LR_DECAYS
+from flowrl.update_modes import UPDATE_MODES
+
 positive: Any = gt(0)
 
 
@@ -38,9 +41,7 @@ class OptimConfig:
     max_grad_norm: float = attrs.field(default=1.0, validator=positive)  # clip the global grad norm to this
     warmup_steps: int = attrs.field(default=0, validator=ge(0))  # linear LR warm-up
     # after the warm-up: "constant", or decay to lr x final_lr_ratio at trainer.max_steps ("linear", "cosine")
-    lr_decay: Literal["constant", "linear", "cosine"] = attrs.field(
-        default="constant", validator=in_(("constant", "linear", "cosine"))
-    )
+    lr_decay: Literal["constant", "linear", "cosine"] = attrs.field(default="constant", validator=in_(LR_DECAYS))
     final_lr_ratio: float = attrs.field(default=0.1, validator=[ge(0), le(1)])
 
 
@@ -64,9 +65,7 @@ class TrainerConfig:
     # how the update gets its velocities: "retain" backpropagates through the rollout's own forwards (no
     # second forward; exact with one inner epoch), "recompute" runs the transformer again, "auto" retain
     # where exact (flowrl.update_modes, docs/performance.md)
-    update: Literal["auto", "recompute", "retain"] = attrs.field(
-        default="auto", validator=in_(("auto", "recompute", "retain"))
-    )
+    update: Literal["auto", "recompute", "retain"] = attrs.field(default="auto", validator=in_(UPDATE_MODES))
     mixed_precision: Literal["no", "bf16", "fp16"] = attrs.field(default="no", validator=in_(("no", "bf16", "fp16")))
     ema_decay: float = attrs.field(default=0.0, validator=[ge(0), le(1)])  # 0 disables EMA
     log_every: int = attrs.field(default=1, validator=positive)

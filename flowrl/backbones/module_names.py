@@ -63,15 +63,15 @@ def lora_target_problems(recipe: Any) -> Iterator[tuple[str, str]]:
     transformer = build(part.config) if build is not None else None
     if transformer is None:
         return
-    layers = [n for n, m in transformer.named_modules() if isinstance(m, ADAPTABLE)]
+    modules = dict(transformer.named_modules())
+    layers = [n for n, m in modules.items() if isinstance(m, ADAPTABLE)]
+    names = sorted({".".join(n.split(".")[-2:]) if n.split(".")[-1].isdigit() else n.split(".")[-1] for n in layers})
+    listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
     for target in recipe.lora.target_modules:
         if any(matches(n, target) for n in layers):
             continue
-        others = [n for n, m in transformer.named_modules() if matches(n, target)]
-        found = f"it selects {type(dict(transformer.named_modules())[others[0]]).__name__} '{others[0]}', not a layer" \
-            if others else "no module has that name"
-        names = sorted({".".join(n.split(".")[-2:]) if n.split(".")[-1].isdigit() else n.split(".")[-1]
-                        for n in layers})
-        listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        others = [n for n in modules if matches(n, target)]
+        found = f"it selects {type(modules[others[0]]).__name__} '{others[0]}', not a layer" if others \
+            else "no module has that name"
         yield ("lora.target_modules", f"'{target}' matches no adaptable layer of {part.type}'s transformer"
                f" ({found}); its layers' names end in: {listed}")

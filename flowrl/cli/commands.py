@@ -43,9 +43,9 @@ def train(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    failed = 0
     from flowrl.backbones.module_names import lora_target_problems
 
+    failed = 0
     for path in args.recipes:
         try:
             recipe = load_recipe(path, args.set)

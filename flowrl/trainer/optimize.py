@@ -79,8 +79,7 @@ class PolicyUpdate:
         try:
             return self._update(rollout, advantages, rewards, step)
         finally:
-            if self.retained is not None:
-                self.retained = None  # the kept graphs go with it
+            self.retained = None  # the kept graphs go with it
 
     def _update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch, step: int) -> dict[str, float]:
         result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}

@@ -60,7 +60,8 @@ class RetainedVelocities:
     def __init__(
         self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None, source: str = "", strict: bool = True
     ) -> None:
-        self.backbone, self.levels, self.module, self.source, self.strict = backbone, levels, module, source, strict
+        self.backbone, self.module, self.source, self.strict = backbone, module, source, strict
+        self.levels = levels.detach().float().cpu()  # compared with every call's noise levels
         self.abandoned = ""  # why the kept graphs were dropped (auto mode, too large); "" while kept
         self.kept: list[tuple[Tensor, Tensor]] = []  # (detached input, velocity with graph) per kept call
         self.index: dict[tuple[int, ...], tuple[int, int]] = {}  # row key -> (call, row)
@@ -85,7 +86,7 @@ class RetainedVelocities:
         velocity, reference_policy = backbone.velocity, backbone.reference_policy
 
         def kept_velocity(x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
-            at_level = torch.isin(s.detach().float().cpu(), self.levels.float().cpu())
+            at_level = torch.isin(s.detach().float().cpu(), self.levels)
             if self.abandoned or self._reference_depth or forwards_untrained() or not bool(at_level.any()):
                 return velocity(x, s, cond)
             x = x.detach()
