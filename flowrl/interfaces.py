@@ -276,11 +276,27 @@ class Loss(Component, ABC):
 
 
 class PolicyLoss(Loss):
-    """The objective on recorded transitions (PPO-style likelihood ratios of the sampler's SDE steps)."""
+    """The objective on recorded transitions (PPO-style likelihood ratios of the sampler's SDE steps).
+
+    Two optional contracts for trust-region objectives:
+
+    - ``needs_old_mean``: the loss reads ``LossInputs.old_mean``, each transition's mean under the rollout-time
+      policy (the trainer keeps the means of the first inner epoch, computed before any optimizer step of the
+      iteration, for the later ones).
+    - :meth:`gradient_scale`: at the trust-region centre the gradient with respect to each log-density is
+      ``-k A w gradient_scale(std, dt)``, one ``k > 0`` for all transitions; a loss that weights transitions
+      by their noise level says how here (the conformance rules check it).
+    """
+
+    needs_old_mean: bool = False
 
     @abstractmethod
     def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
         """The scalar loss and statistics to log (``clip_frac`` at least)."""
+
+    def gradient_scale(self, std: Tensor, dt: Tensor) -> Tensor:
+        """Per-transition factor of the policy gradient at the centre, from the noise level; 1 by default."""
+        return torch.ones_like(std.float())
 
 
 class ForwardProcessLoss(Loss):

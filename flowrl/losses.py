@@ -11,15 +11,20 @@ from flowrl.registry import register
 from flowrl.types import LossInputs
 
 
+def clipped_surrogate(log_ratio: Tensor, advantages: Tensor, clip_range: float) -> tuple[Tensor, Tensor]:
+    """Per-transition ``max(-A r, -A clip(r, 1 - e, 1 + e))`` and ``r = exp(log_ratio)``; the advantages are
+    constants (detached)."""
+    advantages = advantages.detach()
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    return torch.maximum(-advantages * ratio, -advantages * clipped), ratio
+
+
 def ppo_clip_objective(
     log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_range: float
 ) -> tuple[Tensor, Tensor]:
-    """Per-transition ``max(-A r, -A clip(r, 1 - e, 1 + e))`` and the ratio ``r = exp(logp - logp_old)``;
-    ``old_log_prob`` and ``advantages`` are constants (detached: no gradient reaches them)."""
-    old_log_prob, advantages = old_log_prob.detach(), advantages.detach()
-    ratio = torch.exp(log_prob - old_log_prob)
-    clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    return torch.maximum(-advantages * ratio, -advantages * clipped), ratio
+    """:func:`clipped_surrogate` of ``r = exp(logp - logp_old)``; ``old_log_prob`` is a constant (detached)."""
+    return clipped_surrogate(log_prob - old_log_prob.detach(), advantages, clip_range)
 
 
 def gaussian_mean_kl(mean: Tensor, ref_mean: Tensor, std: Tensor) -> Tensor:
@@ -57,14 +62,27 @@ class PPOClip(PolicyLoss):
         """A reference (base-policy) mean is needed iff the KL term is on."""
         return bool(self.config.kl_beta > 0)
 
+    def log_ratio(self, batch: LossInputs) -> Tensor:
+        """The per-transition log-ratio the clip acts on: ``logp - logp_old`` (subclasses normalise it)."""
+        return batch.log_prob - batch.old_log_prob.detach()
+
+    def step_weight(self, batch: LossInputs) -> Tensor:
+        """A per-transition factor of the surrogate beside ``LossInputs.weight`` (1 here; subclasses weight
+        noise levels, and then declare :meth:`gradient_scale` to match)."""
+        return torch.ones_like(batch.log_prob.detach())
+
+    def surrogate(self, batch: LossInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-transition surrogate, the ratio, and whether each transition is outside the trust region."""
+        per, ratio = clipped_surrogate(self.log_ratio(batch), batch.advantages, self.config.clip_range)
+        return per, ratio, (ratio.detach() - 1.0).abs() > self.config.clip_range
+
     def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
-        e = self.config.clip_range
-        per, ratio = ppo_clip_objective(batch.log_prob, batch.old_log_prob, batch.advantages, e)
-        loss = (per * batch.weight).mean()
+        per, ratio, outside = self.surrogate(batch)
+        loss = (per * batch.weight * self.step_weight(batch)).mean()
         with torch.no_grad():
             diff = (batch.log_prob - batch.old_log_prob).float()
             stats = {
-                "clip_frac": float(((ratio - 1.0).abs() > e).float().mean()),
+                "clip_frac": float(outside.float().mean()),
                 "approx_kl": float(0.5 * diff.square().mean()),
                 "ratio_mean": float(ratio.mean()),
                 "policy_loss": float(loss.detach()),

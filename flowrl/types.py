@@ -275,6 +275,7 @@ class LossInputs:
     std: Tensor
     ref_mean: Tensor | None = None
     dt: Tensor | None = None  # s_next - s of each transition (negative)
+    old_mean: Tensor | None = None  # the rollout-time policy's mean (when the loss declares needs_old_mean)
 
 
 @attrs.define

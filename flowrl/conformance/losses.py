@@ -111,14 +111,15 @@ def check_policy_loss(
     - a finite scalar loss and stats of finite numbers with ``clip_frac`` in [0, 1];
     - the loss is differentiable with respect to the policy (a finite, non-zero gradient reaches the velocity);
     - deterministic: the same inputs give the same loss;
-    - the old log-densities, the advantages and the reference are constants: given with a gradient, none
-      reaches them;
+    - the old log-densities, the advantages, the reference and the old means are constants: given with a
+      gradient, none reaches them;
     - a mean over transitions: the loss of a batch equals the share-weighted losses of its two halves (the
       trainer backpropagates ``loss * share`` per micro-batch);
-    - at the trust-region centre (ratio 1, reference = policy): ``clip_frac`` is 0, the gradient with
-      respect to the log-density is ``-k A w`` with one ``k > 0`` for all transitions (the policy gradient),
-      and zero advantages give a zero gradient;
-    - ``needs_reference`` is a bool, and when true the loss reads ``ref_mean``.
+    - at the trust-region centre (ratio 1, reference = policy, old mean = mean): ``clip_frac`` is 0, the
+      gradient with respect to the log-density is ``-k A w gradient_scale(std, dt)`` with one ``k > 0`` for all
+      transitions (the policy gradient, weighted by noise level where the loss says so), and zero advantages
+      give a zero gradient;
+    - ``needs_reference`` is a bool, and when true the loss reads ``ref_mean``; ``needs_old_mean`` is a bool.
     """
     g = torch.Generator().manual_seed(seed)
     shape = (transitions, *latent_shape)
@@ -128,16 +129,19 @@ def check_policy_loss(
     advantages = torch.randn(transitions, generator=g)
     weight = 0.5 + torch.rand(transitions, generator=g)
     x_next = x + _expand(dt, x) * v0 + _expand(std, x) * noise
-    old_off = gaussian_log_prob(x_next, x + _expand(dt, x) * v0, std) + 1e-3 * torch.randn(transitions, generator=g)
+    old_mean_off = x + _expand(dt, x) * (v0 + 0.05 * torch.randn(shape, generator=g))
+    old_off = gaussian_log_prob(x_next, old_mean_off, std)
     ref_off = x + _expand(dt, x) * (v0 + 0.1 * torch.randn(shape, generator=g))
+    require(isinstance(loss.needs_old_mean, bool), loss, "needs_old_mean must be a bool")
 
     def inputs(v: Tensor, centre: bool, adv: Tensor, moved_ref: bool = False) -> LossInputs:
         mean = x + _expand(dt, x) * v
         log_prob = gaussian_log_prob(x_next, mean, std)
         old = log_prob.detach().clone() if centre else old_off
+        old_mean = (mean.detach().clone() if centre else old_mean_off) if loss.needs_old_mean else None
         ref = (ref_off if moved_ref or not centre else mean.detach().clone()) if loss.needs_reference else None
         return LossInputs(log_prob=log_prob, old_log_prob=old, advantages=adv, weight=weight, mean=mean, std=std,
-                          ref_mean=ref, dt=dt)
+                          ref_mean=ref, dt=dt, old_mean=old_mean)
 
     def leaf() -> Tensor:
         return v0.clone().requires_grad_(True)
@@ -145,7 +149,8 @@ def check_policy_loss(
     # off the centre: shape, determinism, differentiability, a mean over transitions
     _, stats = _off_centre(loss, loss, lambda v: inputs(v, False, advantages), leaf, "the policy", "transitions")
     require("clip_frac" in stats and 0.0 <= float(stats["clip_frac"]) <= 1.0, loss, "stats need clip_frac in [0, 1]")
-    _constants_rule(loss, loss, inputs(leaf(), False, advantages), ("old_log_prob", "advantages", "ref_mean"))
+    constants = ("old_log_prob", "advantages", "ref_mean", "old_mean")
+    _constants_rule(loss, loss, inputs(leaf(), False, advantages), constants)
 
     # the trust-region centre
     v = leaf()
@@ -157,9 +162,13 @@ def check_policy_loss(
     dlogp = centre.log_prob.grad
     require(dlogp is not None and finite(dlogp), loss, "the gradient must reach the log-density at ratio 1")
     assert dlogp is not None
-    k = -dlogp / (advantages * weight)
+    scale = loss.gradient_scale(std, dt)
+    require(isinstance(scale, Tensor) and tuple(scale.shape) == (transitions,) and finite(scale)
+            and bool((scale > 0).all()), loss, "gradient_scale(std, dt) must give one positive factor per transition")
+    k = -dlogp / (advantages * weight * scale)
     require(bool((k > 0).all()) and float((k - k.mean()).abs().max()) <= 1e-4 * float(k.abs().mean()), loss,
-            "at ratio 1 the gradient with respect to the log-density must be -k A w, one k > 0 (the policy gradient)")
+            "at ratio 1 the gradient with respect to the log-density must be -k A w gradient_scale(std, dt), one "
+            "k > 0 (the policy gradient, weighted by noise level as the loss declares)")
     v = leaf()
     value, _ = _call(loss, lambda: loss(inputs(v, True, torch.zeros(transitions))))
     grad = _grad(value, v)

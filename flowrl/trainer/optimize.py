@@ -55,6 +55,7 @@ class PolicyUpdate:
                 why = "'retain' is not exact: the transformer has active dropout; use 'recompute' or 'auto'"
                 raise RecipeError(recipe.source, [("trainer.update", why)])
         self.retained: RetainedVelocities | None = None
+        self.old_means: dict[int, torch.Tensor] = {}
         self.rows = 0  # transformer rows of the last update: each forward row twice (with its backward), each
         # retained row once (its forward was the rollout's)
 
@@ -79,7 +80,7 @@ class PolicyUpdate:
         try:
             return self._update(rollout, advantages, rewards, step)
         finally:
-            self.retained = None  # the kept graphs go with it
+            self.retained, self.old_means = None, {}  # the kept graphs and means go with it
 
     def _update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch, step: int) -> dict[str, float]:
         result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
@@ -88,6 +89,7 @@ class PolicyUpdate:
             return result
         self.policy.module.train()
         backbone, backward_s = self.policy.backbone, 0.0
+        self.old_means = {}  # the first epoch's transition means (losses that need the old mean), kept for the rest
         for _ in range(self.cfg.inner_epochs):
             self.policy.zero_grad()
             stats = StatsMean()
@@ -141,6 +143,7 @@ class PolicyUpdate:
         return transition_losses(
             backbone, kernel, self.loss_fn, self.schedule, cond, transitions, advantages.values, batch, self.reference,
             node_advantages=advantages.nodes, velocity=self.retained.velocity if self.retained is not None else None,
+            old_means=self.old_means,
         )
 
     def average_gradients(self) -> None:

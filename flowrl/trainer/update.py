@@ -45,6 +45,7 @@ def transition_losses(
     reference: Callable[[], AbstractContextManager[None]] | None = None,
     node_advantages: Tensor | None = None,
     velocity: Callable[[Tensor, Tensor, Conditioning], Tensor] | None = None,
+    old_means: dict[int, Tensor] | None = None,
 ) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
     """For each micro-batch: (loss, share of all transitions, stats). The caller backpropagates.
 
@@ -54,12 +55,15 @@ def transition_losses(
     for transitions that carry a ``node_index`` (:func:`flowrl.types.transition_advantages`).
     ``velocity`` (default: the backbone's) gives the policy's velocity with gradients: the recompute-free
     update passes the rollout's retained ones (:mod:`flowrl.trainer.retain`).
+    ``old_means`` (for losses that declare ``needs_old_mean``): micro-batch index -> the transitions' means
+    detached; empty at the first inner epoch (before any optimizer step: the rollout-time policy's), filled
+    then and read by the later epochs.
     """
     velocity = velocity or backbone.velocity
     total = len(transitions)
     per_transition = transition_advantages(transitions, advantages, node_advantages)
     device = transitions.inputs.device
-    for input_ids, t_ids in input_chunks(transitions, batch_inputs):
+    for chunk, (input_ids, t_ids) in enumerate(input_chunks(transitions, batch_inputs)):
         if len(t_ids) == 0:
             continue
         x = transitions.inputs[input_ids]
@@ -74,6 +78,10 @@ def transition_losses(
             with torch.no_grad(), reference():
                 v_ref = backbone.velocity(x, s, c)
             ref_mean = kernel.mean_std(x[local].float(), v_ref[local], s[local], s_next, schedule.s_at_one)[0]
+        old_mean = None
+        if loss_fn.needs_old_mean:
+            cache = {} if old_means is None else old_means
+            old_mean = cache.setdefault(chunk, mean.detach().clone())
         batch = LossInputs(
             log_prob=kernel.log_prob(transitions.x_next[t_ids], mean, std),
             old_log_prob=transitions.log_prob[t_ids].to(device),
@@ -83,6 +91,7 @@ def transition_losses(
             std=std,
             ref_mean=ref_mean,
             dt=s_next - s[local],
+            old_mean=old_mean,
         )
         loss, stats = loss_fn(batch)
         yield loss, len(t_ids) / total, stats

@@ -9,6 +9,7 @@ from flowrl_zoo import (  # noqa: F401
     egrpo,
     flow_grpo,
     flow_grpo_fast,
+    grpo_guard,
     mix_grpo,
     tempflow_grpo,
 )
