@@ -308,6 +308,14 @@ class ForwardProcessLoss(Loss):
         """Noise levels ``t`` in (0, 1) at which rollouts are re-noised; uniform by default."""
         return torch.rand(n, generator=generator).clamp(1e-3, 1 - 1e-3)
 
+    def lagged_decay(self, updates: int) -> float | None:
+        """What ``ForwardProcessInputs.v_old`` is. None (the default): the rollout-time policy's velocity. A
+        decay ``d`` in [0, 1]: the trainer keeps a lagged copy of the trained weights, ``old <- d old + (1 - d)
+        theta`` after each optimizer step (``updates``: the steps taken, that one included), and ``v_old`` is
+        the copy's velocity. Asked once with ``updates = 0`` to decide; it must then answer a number for every
+        count."""
+        return None
+
     @abstractmethod
     def forward_process(self, batch: ForwardProcessInputs) -> tuple[Tensor, dict[str, float]]:
         """The scalar loss and statistics for a micro-batch of re-noised rollouts."""

@@ -283,7 +283,8 @@ class ForwardProcessInputs:
     """What a forward-process loss (DiffusionNFT) sees: rollouts re-noised at times ``t``.
 
     ``x_t = (1 - t) x0 + t eps``; ``v`` is the current policy's velocity at ``(x_t, t)`` (with grad),
-    ``v_old`` the rollout-time policy's (no grad), ``v_ref`` the reference policy's when the loss needs it.
+    ``v_old`` the rollout-time policy's (no grad; a lagged copy's when the loss asks for one,
+    ``ForwardProcessLoss.lagged_decay``), ``v_ref`` the reference policy's when the loss needs it.
     """
 
     x0: Tensor
@@ -293,3 +294,4 @@ class ForwardProcessInputs:
     v_old: Tensor
     advantages: Tensor
     v_ref: Tensor | None = None
+    group: Tensor | None = None  # (B,) long: each rollout's prompt; a micro-batch never splits a prompt's rollouts

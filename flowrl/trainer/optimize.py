@@ -18,6 +18,7 @@ from flowrl.interfaces import ForwardProcessLoss, PolicyLoss
 from flowrl.recipe import Recipe
 from flowrl.rng import generator
 from flowrl.trainer.errors import NonFiniteError
+from flowrl.trainer.lagged import LaggedPolicy
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.retain import RetainedVelocities
 from flowrl.trainer.update import StatsMean, forward_process_losses, transition_losses
@@ -54,6 +55,7 @@ class PolicyUpdate:
 
                 why = "'retain' is not exact: the transformer has active dropout; use 'recompute' or 'auto'"
                 raise RecipeError(recipe.source, [("trainer.update", why)])
+        self.lagged = self._lagged_policy()  # a lagged copy of the weights, for losses that ask for one
         self.retained: RetainedVelocities | None = None
         self.old_means: dict[int, torch.Tensor] = {}
         self.rows = 0  # transformer rows of the last update: each forward row twice (with its backward), each
@@ -125,6 +127,8 @@ class PolicyUpdate:
             self.bad_steps = 0
             self.policy.step()
             self.updates += 1
+            if self.lagged is not None:
+                self.lagged.blend(self._lagged_decay())
             result.update({"loss": float(total_loss), "grad_norm": float(grad_norm), **stats.result()})
             result.setdefault("clip_frac", 0.0)
             result["time/backward_s"] = backward_s
@@ -138,13 +142,34 @@ class PolicyUpdate:
         if isinstance(self.loss_fn, ForwardProcessLoss):
             nft = generator(self.recipe.seed, step, "forward_process", self.accelerator.process_index)
             values = advantages.values
-            return forward_process_losses(backbone, self.loss_fn, rollout, values, batch, nft, self.reference)
+            lagged = self.lagged.weights if self.lagged is not None else None
+            return forward_process_losses(backbone, self.loss_fn, rollout, values, batch, nft, self.reference, lagged)
         kernel, cond, transitions = self.schedule.kernel, rollout.cond, rollout.transitions
         return transition_losses(
             backbone, kernel, self.loss_fn, self.schedule, cond, transitions, advantages.values, batch, self.reference,
             node_advantages=advantages.nodes, velocity=self.retained.velocity if self.retained is not None else None,
             old_means=self.old_means,
         )
+
+    def _lagged_policy(self) -> LaggedPolicy | None:
+        """The lagged copy when the loss asks for one (``ForwardProcessLoss.lagged_decay``), kept in the
+        policy's checkpointed state; refused with sharded weights, which the copy's swap does not handle."""
+        if not isinstance(self.loss_fn, ForwardProcessLoss) or self.loss_fn.lagged_decay(0) is None:
+            return None
+        if self.policy.sharded:
+            from flowrl.recipe import RecipeError
+
+            why = f"loss {self.loss_fn.registered_name!r} keeps a lagged copy of the weights, which sharded runs lack"
+            raise RecipeError(self.recipe.source, [("trainer.sharding", why)])
+        self.policy.lagged = LaggedPolicy(self.policy.named_params)
+        return self.policy.lagged
+
+    def _lagged_decay(self) -> float:
+        assert isinstance(self.loss_fn, ForwardProcessLoss)
+        decay = self.loss_fn.lagged_decay(self.policy.lr_schedule.last_epoch)
+        if decay is None:
+            raise ValueError(f"{type(self.loss_fn).__name__}.lagged_decay gave None after a number at step 0")
+        return float(decay)
 
     def average_gradients(self) -> None:
         """Average the gradients over the processes: the retained forwards ran outside DDP, which would do it."""

@@ -86,6 +86,7 @@ class TrainedPolicy:
             module, self.optimizer = accelerator.prepare(transformer, optimizer)
         backbone.use_module(module)
         self.ema = EMA(self.named_params, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.lagged: EMA | None = None  # a lagged copy for the loss, set by the update when the loss asks
         if not self.sharded:
             self.reference = install_reference(backbone, self.lora, needed)
 
@@ -140,6 +141,7 @@ class TrainedPolicy:
             "optimizer": local(self.optimizer.state_dict()),
             "lr_schedule": self.lr_schedule.state_dict(),
             "ema": local(self.ema.state_dict()) if self.ema is not None else None,
+            **({"lagged": self.lagged.state_dict()} if self.lagged is not None else {}),
         }
 
     def load(self, weights: dict[str, Tensor], state: dict[str, Any], source: Path, optim: Any, sliced: bool) -> None:
@@ -157,6 +159,8 @@ class TrainedPolicy:
         self.lr_schedule.load_state_dict(state["lr_schedule"])
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
+        if self.lagged is not None and state.get("lagged") is not None:
+            self.lagged.load_state_dict(state["lagged"])
         betas = (optim.beta1, optim.beta2)
         apply_optim_settings(self.optimizer, self.lr_schedule, optim.lr, betas, optim.eps, optim.weight_decay)
 

@@ -97,6 +97,20 @@ def transition_losses(
         yield loss, len(t_ids) / total, stats
 
 
+def prompt_chunks(prompt: Tensor, batch_rollouts: int) -> Iterator[Tensor]:
+    """Row ranges of at most ``batch_rollouts`` rows that never split a run of equal ``prompt`` values (a run
+    longer than ``batch_rollouts`` is a chunk of its own); together they cover every row once, in order."""
+    total = int(prompt.shape[0])
+    starts = [0] + [i for i in range(1, total) if int(prompt[i]) != int(prompt[i - 1])] + [total]
+    begin = 0
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        if b - begin > batch_rollouts and a > begin:
+            yield torch.arange(begin, a)
+            begin = a
+    if begin < total:
+        yield torch.arange(begin, total)
+
+
 def forward_process_losses(
     backbone: Backbone,
     loss_fn: ForwardProcessLoss,
@@ -105,10 +119,13 @@ def forward_process_losses(
     batch_rollouts: int,
     generator: torch.Generator,
     reference: Callable[[], AbstractContextManager[None]] | None = None,
+    lagged: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
     """For forward-process losses: re-noise each rollout's clean latent and yield (loss, share, stats).
 
-    ``v_old`` is the policy's velocity before this update (one inner epoch: the same forward, detached).
+    Micro-batches keep each prompt's rollouts together (:func:`prompt_chunks`), so a loss may centre within a
+    prompt. ``v_old`` is the policy's velocity before this update (one inner epoch: the same forward,
+    detached), or, with ``lagged`` (a context under which the transformer holds the lagged copy), the copy's.
     """
     if rollout.final_latents is None:
         raise ValueError(f"{type(loss_fn).__name__} needs Rollout.final_latents; the sampler did not record them")
@@ -116,20 +133,24 @@ def forward_process_losses(
     total = x0_all.shape[0]
     t_all = loss_fn.sample_times(total, generator)
     eps_all = torch.randn(x0_all.shape, generator=generator)
-    for start in range(0, total, batch_rollouts):
-        rows = torch.arange(start, min(start + batch_rollouts, total))
+    for rows in prompt_chunks(rollout.rollout_prompt, batch_rollouts):
         x0 = x0_all[rows]
         t = t_all[rows].to(x0.device)
         shape = (-1, *([1] * (x0.dim() - 1)))
         x_t = (1 - t.reshape(shape)) * x0 + t.reshape(shape) * eps_all[rows].to(x0.device)
         cond = rollout.cond.take(rollout.rollout_prompt[rows])
+        v_lagged = None
+        if lagged is not None:  # before the forward with gradients: the swap writes the weights in place
+            with torch.no_grad(), lagged():
+                v_lagged = backbone.velocity(x_t, t, cond)
         v = backbone.velocity(x_t, t, cond)
         v_ref = None
         if loss_fn.needs_reference and reference is not None:
             with torch.no_grad(), reference():
                 v_ref = backbone.velocity(x_t, t, cond)
         batch = ForwardProcessInputs(
-            x0=x0, x_t=x_t, t=t, v=v, v_old=v.detach(), advantages=advantages[rows].to(x0.device), v_ref=v_ref
+            x0=x0, x_t=x_t, t=t, v=v, v_old=v.detach() if v_lagged is None else v_lagged,
+            advantages=advantages[rows].to(x0.device), v_ref=v_ref, group=rollout.rollout_prompt[rows].to(x0.device),
         )
         loss, stats = loss_fn.forward_process(batch)
         yield loss, len(rows) / total, stats

@@ -7,6 +7,7 @@ from flowrl_zoo import (  # noqa: F401
     dance_grpo,
     diffusion_nft,
     egrpo,
+    flow_dppo,
     flow_grpo,
     flow_grpo_fast,
     grpo_guard,
