@@ -185,7 +185,8 @@ def check_forward_process_loss(
 
     - ``sample_times(n, generator)``: ``n`` levels in (0, 1), the same for the same generator seed;
     - a finite scalar loss and stats of finite numbers; differentiable with respect to ``v`` (finite,
-      non-zero gradient); deterministic; a mean over rollouts (a batch equals its halves, share-weighted);
+      non-zero gradient); deterministic; a mean over rollouts (a batch equals its halves, share-weighted; each
+      half is one prompt's rollouts, which the trainer never splits: a loss may centre within a prompt);
     - ``v_old``, the advantages and ``v_ref`` are constants: given with a gradient, none reaches them;
     - at the centre (``v = v_old``, reference = policy): zero advantages give a zero gradient, and the step
       down the gradient moves each rollout's velocity towards its flow-matching target ``eps - x0`` when its
@@ -208,11 +209,12 @@ def check_forward_process_loss(
     advantages = torch.randn(rollouts, generator=g)
     advantages[0] = abs(float(advantages[0])) + 0.1  # both signs present
     advantages[1] = -abs(float(advantages[1])) - 0.1
+    group = (torch.arange(rollouts) >= rollouts // 2).long()  # two prompts: the halves the mean rule compares
 
     def inputs(v: Tensor, centre: bool, adv: Tensor, moved_ref: bool = False) -> ForwardProcessInputs:
         v_old = v.detach().clone() if centre else v_old_off
         v_ref = (v_ref_off if moved_ref or not centre else v.detach().clone()) if loss.needs_reference else None
-        return ForwardProcessInputs(x0=x0, x_t=x_t, t=t, v=v, v_old=v_old, advantages=adv, v_ref=v_ref)
+        return ForwardProcessInputs(x0=x0, x_t=x_t, t=t, v=v, v_old=v_old, advantages=adv, v_ref=v_ref, group=group)
 
     def leaf() -> Tensor:
         return v0.clone().requires_grad_(True)

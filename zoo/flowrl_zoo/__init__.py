@@ -4,6 +4,7 @@ entry-point group, exactly as a third-party package would plug in; the core neve
 from flowrl_zoo import (  # noqa: F401
     aegpo,
     branch_grpo,
+    crd,
     dance_grpo,
     diffusion_nft,
     egrpo,
