@@ -29,6 +29,9 @@ EXTRA_ADVANTAGES = {
 EXTRA_LOSSES = {
     "diffusion_nft": {"beta": 0.5, "kl_beta": 0.1, "scale_by_clip": False, "adv_clip": 2.0},
     "ppo_clip": {"clip_range": 0.2, "kl_beta": 0.04, "kl_dt_factor": False},
+    "grpo_guard": {"ratio_norm": False, "reweight": "none", "kl_beta": 0.01, "kl_dt_factor": True},
+    "flow_dppo": {"threshold": 1e-9, "kl_beta": 0.01},
+    "crd": {"beta": 0.3, "kl_beta": 0.1, "reward_adaptive": False, "decay_start": 0.0},
 }
 TREE_RECIPE = Path("branch_grpo.toml")
 
@@ -113,6 +116,13 @@ class AscentPPO(PPO):  # type: ignore[misc, valid-type]
         return -loss, stats
 
 
+class StdWeightedPPO(PPO):  # type: ignore[misc, valid-type]
+    """Weights each transition by its std without declaring it (gradient_scale): an undeclared step weighting."""
+
+    def step_weight(self, batch: Any) -> Any:
+        return batch.std.detach().float()
+
+
 class GlobalTimesNFT(NFT):  # type: ignore[misc, valid-type]
     """Draws its noise levels from the global generator: a resumed run re-noises differently."""
 
@@ -150,6 +160,7 @@ class LeakyNFT(NFT):  # type: ignore[misc, valid-type]
         (LeakyPPO, "treat old_log_prob as a constant"),
         (LeakyNFT, "treat advantages as a constant"),
         (AscentPPO, "-k A w"),
+        (StdWeightedPPO, "-k A w gradient_scale"),
         (GlobalTimesNFT, "only from its generator"),
         (NegatedNFT, "towards eps - x0"),
     ],
