@@ -72,9 +72,9 @@ def _centre_batch(s: float, s_next: float, seed: int) -> tuple[LossInputs, torch
     noise = torch.randn(4, *D, generator=torch.Generator().manual_seed(99))
     x_next = (mean + std.reshape(-1, 1, 1, 1) * noise).detach()
     log_prob = gaussian_log_prob(x_next, mean, std)
-    batch = LossInputs(log_prob=log_prob, old_log_prob=log_prob.detach(), advantages=torch.tensor([1.0, -0.5, 2.0, 0.3]),
-                       weight=torch.ones(4), mean=mean, std=std, dt=torch.full((4,), s_next - s),
-                       old_mean=mean.detach())
+    advantages = torch.tensor([1.0, -0.5, 2.0, 0.3])
+    batch = LossInputs(log_prob=log_prob, old_log_prob=log_prob.detach(), advantages=advantages, weight=torch.ones(4),
+                       mean=mean, std=std, dt=torch.full((4,), s_next - s), old_mean=mean.detach())
     return batch, v
 
 

@@ -96,7 +96,8 @@ class CRDLoss(ForwardProcessLoss):
         if c.kl_beta > 0:
             if batch.v_ref is None:
                 raise ValueError("crd with kl_beta > 0 needs the reference velocity (v_ref)")
-            weight = c.kl_min + (c.kl_beta - c.kl_min) * (a + 0.5) if c.reward_adaptive else torch.full_like(a, c.kl_beta)
+            flat = torch.full_like(a, c.kl_beta)
+            weight = c.kl_min + (c.kl_beta - c.kl_min) * (a + 0.5) if c.reward_adaptive else flat
             kl = (v - batch.v_ref.detach().float()).square().flatten(1).mean(1)
             loss = loss + (weight * kl).mean()
             stats["kl"] = float(kl.detach().mean())

@@ -13,7 +13,6 @@ from flowrl.losses import PPOClip
 from flowrl.types import LossInputs
 
 
-
 def normalised_log_ratio(log_ratio: Tensor, mean: Tensor, old_mean: Tensor, std: Tensor) -> Tensor:
     """``s (logp - logp_old) + mean_dims (mean - old_mean)^2 / (2 s)`` with ``s`` the transition's std.
 
