@@ -101,7 +101,8 @@ def prompt_chunks(prompt: Tensor, batch_rollouts: int) -> Iterator[Tensor]:
     """Row ranges of at most ``batch_rollouts`` rows that never split a run of equal ``prompt`` values (a run
     longer than ``batch_rollouts`` is a chunk of its own); together they cover every row once, in order."""
     total = int(prompt.shape[0])
-    starts = [0] + [i for i in range(1, total) if int(prompt[i]) != int(prompt[i - 1])] + [total]
+    changes = (torch.nonzero(prompt[1:] != prompt[:-1]).flatten() + 1).tolist()
+    starts = [0, *changes, total]
     begin = 0
     for a, b in zip(starts[:-1], starts[1:], strict=True):
         if b - begin > batch_rollouts and a > begin:

@@ -11,14 +11,13 @@ from torch import Tensor
 from flowrl import register
 from flowrl.interfaces import ForwardProcessLoss
 from flowrl.types import ForwardProcessInputs
-
-MIN_SCALE = 1e-5  # floor of the adaptive normaliser (mean absolute error)
+from flowrl_zoo.diffusion_nft.loss import adaptive_x0_loss
 
 
 def adaptive_velocity_error(v: Tensor, target: Tensor) -> Tensor:
-    """Per-sample ``mean((v - target)^2) / max(mean|v - target|, 1e-5)``, the normaliser a constant."""
-    err = (v.float() - target.float()).flatten(1)
-    return err.square().mean(1) / err.abs().mean(1).detach().clamp(min=MIN_SCALE)
+    """Per-sample ``mean((v - target)^2) / max(mean|v - target|, 1e-5)``, the normaliser a constant: DiffusionNFT's
+    self-normalised error (:func:`~flowrl_zoo.diffusion_nft.loss.adaptive_x0_loss`), here in velocity space."""
+    return adaptive_x0_loss(v.float(), target.float())
 
 
 def group_centred(values: Tensor, group: Tensor) -> Tensor:

@@ -9,15 +9,14 @@ from attrs.validators import ge, gt
 from torch import Tensor
 
 from flowrl import register
-from flowrl.losses import PPOClip
+from flowrl.losses import PPOClip, gaussian_mean_kl
 from flowrl.types import LossInputs
 
 
 def mean_kl(mean: Tensor, old_mean: Tensor, std: Tensor) -> Tensor:
     """Per-transition ``KL(old || new)`` of two Gaussians with one std, divided by the dimension:
-    ``mean_dims (mean - old_mean)^2 / (2 std^2)`` (the log-densities' mean-over-dimensions convention)."""
-    sq = (mean.detach().float() - old_mean.detach().float()).square().flatten(1).mean(1)
-    return sq / (2.0 * std.detach().float().square())
+    ``mean_dims (mean - old_mean)^2 / (2 std^2)`` (:func:`flowrl.losses.gaussian_mean_kl`), a constant here."""
+    return gaussian_mean_kl(mean.detach(), old_mean, std.detach())
 
 
 def outside_trust_region(kl: Tensor, ratio: Tensor, advantages: Tensor, threshold: float) -> Tensor:

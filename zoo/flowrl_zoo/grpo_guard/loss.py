@@ -9,12 +9,13 @@ import torch
 from torch import Tensor
 
 from flowrl import register
-from flowrl.losses import PPOClip
+from flowrl.losses import PPOClip, gaussian_mean_kl
 from flowrl.types import LossInputs
 
 
 def normalised_log_ratio(log_ratio: Tensor, mean: Tensor, old_mean: Tensor, std: Tensor) -> Tensor:
-    """``s (logp - logp_old) + mean_dims (mean - old_mean)^2 / (2 s)`` with ``s`` the transition's std.
+    """``s (logp - logp_old + KL)`` with ``s`` the transition's std and ``KL = mean_dims (mean - old_mean)^2 / (2
+    s^2)`` (:func:`flowrl.losses.gaussian_mean_kl`, gradient through ``mean``): ``s log r + mean_dims d^2 / (2 s)``.
 
     For ``x' = old_mean + s eps`` the raw log-ratio is ``<eps, d> / s - mean_dims(d^2) / (2 s^2)`` (``d = mean -
     old_mean``, ``<.,.>`` the mean over dimensions): its second term shifts it below 0 by an amount that grows
@@ -23,8 +24,7 @@ def normalised_log_ratio(log_ratio: Tensor, mean: Tensor, old_mean: Tensor, std:
     its gradient (through ``mean``), so the gradient of the result with respect to the mean is ``eps / D``.
     """
     s = std.float()
-    shift = (mean.float() - old_mean.detach().float()).square().flatten(1).mean(1) / (2.0 * s)
-    return s * log_ratio.float() + shift
+    return s * (log_ratio.float() + gaussian_mean_kl(mean, old_mean, s))
 
 
 @register("loss", "grpo_guard")
@@ -62,7 +62,7 @@ class GRPOGuardLoss(PPOClip):
 
     def step_weight(self, batch: LossInputs) -> Tensor:
         if self.config.reweight == "none":
-            return torch.ones_like(batch.log_prob.detach())
+            return super().step_weight(batch)
         if batch.dt is None:
             raise ValueError("grpo_guard's reweighting needs the transitions' dt (LossInputs.dt)")
         return 1.0 / batch.dt.detach().float().abs()
