@@ -128,3 +128,16 @@ def test_crd_trains_with_its_lagged_copy_and_resumes(tmp_path: Path) -> None:
             assert torch.equal(resumed.policy.lagged.shadow[n], t)
     finally:
         resumed.release()
+
+
+def test_an_adaptive_anchor_that_falls_with_the_reward_is_refused(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """kl_min above kl_beta would weight the anchor less as the reward grows: a one-line error naming the file and
+    loss.kl_min, exit 2, before anything is built."""
+    from flowrl.cli.main import main
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text((ROOT / "recipes" / "crd.toml").read_text().replace("kl_min = 1e-4", "kl_min = 0.5"))
+    assert main(["validate", str(recipe)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err + captured.out
+    assert str(recipe) in err and "[loss.kl_min]" in err and "Traceback" not in err
