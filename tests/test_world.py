@@ -32,6 +32,7 @@ from flowrl.world import (
     scene_split,
     score_batch,
     verify,
+    verify_batch,
     vocabulary,
 )
 from flowrl.world.render import Lattice, background, coverage, layout, relation_holds
@@ -408,3 +409,20 @@ def test_batched_component_labels_equal_one_image_at_a_time(b: int, h: int, w: i
                 for m in members:
                     expected[m // w, m % w] = min(members)
         assert np.array_equal(single, expected)
+
+
+def test_batched_verdicts_equal_one_image_at_a_time() -> None:
+    """verify_batch analyses the whole batch at once (colour maps, each image's own background chroma, its
+    components): every verdict equals the verdict of its image verified alone, on images with different
+    tinted, noisy backgrounds and blurred objects, where each image's background estimate differs."""
+    sc = sample_scenes("train", 24, seed=5)
+    images = render_batch(sc, seed=9).astype(np.float32) / 255.0
+    rng = np.random.default_rng(3)
+    tint = rng.uniform(-0.08, 0.08, size=(len(sc), 1, 1, 3)).astype(np.float32)
+    images = images + tint + rng.normal(0.0, 0.05, size=images.shape).astype(np.float32)
+    images = np.clip((images + np.roll(images, 1, axis=1) + np.roll(images, 1, axis=2)) / 3.0, 0.0, 1.0)
+    asked = sc[:12] + sc[12:][::-1]  # half the images checked against another image's prompt
+    batched = verify_batch(np.moveaxis(images, -1, 1), asked)
+    alone = [verify(image, scene) for image, scene in zip(images, asked, strict=True)]
+    assert batched == alone
+    assert len({v.score for v in alone}) > 2  # verdicts of several kinds

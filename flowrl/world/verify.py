@@ -87,31 +87,38 @@ def _as_rgb255(image: Any) -> np.ndarray:
 
 def colour_map(image: Any) -> np.ndarray:
     """Per-pixel colour index into :data:`COLOUR_NAMES` (int8), ``-1`` for background."""
-    return _analyse(_as_rgb255(image))[0]
+    return _analyse(_as_rgb255(image)[None])[0][0]
 
 
 def _member(chroma: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Colour map and coverage ``(H, W, C)`` of pixels' ``chroma`` over a background chroma ``base``."""
-    rel = chroma - base
+    """Colour maps ``(B, H, W)`` and coverage ``(B, H, W, C)`` of a batch of pixels' ``chroma`` ``(B, H, W, 3)``
+    over each image's background chroma ``base`` ``(B, 3)``."""
+    rel = chroma - base[:, None, None, :]
     proj = rel @ _UNITS.T
-    cover = proj / np.maximum(_CHROMA - _UNITS @ base, 1.0)  # blend fraction of each colour
+    denom = np.stack([np.maximum(_CHROMA - _UNITS @ b, 1.0) for b in base])  # (B, C), one image at a time
+    cover = proj / denom[:, None, None, :]  # blend fraction of each colour
     best = proj.argmax(-1)
-    along = np.take_along_axis(proj, best[..., None], -1)[..., 0]
-    best_cover = np.take_along_axis(cover, best[..., None], -1)[..., 0]
+    along = proj.max(-1)
+    best_cover = along / denom[np.arange(len(base))[:, None, None], best]  # the best colour's cover
     member = (best_cover >= COVERAGE) & (along >= _MAX_COS * np.linalg.norm(rel, axis=-1))
     return np.where(member, best, -1).astype(np.int8), np.clip(cover, 0.0, 1.0)
 
 
-def _analyse(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The colour map and each colour's soft coverage ``(H, W, C)`` in [0, 1].
+def _analyse(rgbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The colour maps ``(B, H, W)`` of a batch of images ``(B, H, W, 3)`` and each colour's soft coverage
+    ``(B, H, W, C)`` in [0, 1].
 
-    The background's chroma (the median over non-object pixels, so a tinted background) is subtracted.
+    Each image's background chroma (the median over its non-object pixels, so a tinted background) is
+    subtracted.
     """
-    chroma = rgb - rgb.mean(-1, keepdims=True)  # drop the grey component: blends with grey are linear here
-    cmap, _ = _member(chroma, np.zeros(3, dtype=np.float32))
-    background = chroma[cmap < 0]
-    base = np.median(background, axis=0) if len(background) else np.zeros(3, dtype=np.float32)
-    return _member(chroma, base.astype(np.float32))
+    chroma = rgbs - rgbs.mean(-1, keepdims=True)  # drop the grey component: blends with grey are linear here
+    cmaps, _ = _member(chroma, np.zeros((len(rgbs), 3), dtype=np.float32))
+    bases = np.zeros((len(rgbs), 3), dtype=np.float32)
+    for i, (c, cmap) in enumerate(zip(chroma, cmaps, strict=True)):
+        background = c[cmap < 0]
+        if len(background):
+            bases[i] = np.median(background, axis=0)
+    return _member(chroma, bases)
 
 
 def label_components(cmap: np.ndarray) -> np.ndarray:
@@ -131,11 +138,17 @@ def label_components(cmap: np.ndarray) -> np.ndarray:
         if same.any():
             links.append((dy, dx, same))
     lp = np.full((b, h + 2, w + 2), big, dtype=labels.dtype)
+    past = np.full((b, 1), big, dtype=labels.dtype)  # what background's label (big) points to
     while True:
         lp[:, 1:-1, 1:-1] = labels
         new = labels
         for dy, dx, same in links:
             new = np.where(same, np.minimum(new, lp[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]), new)
+        # shortcut: a label is the index of a pixel of the same component whose own label is no larger, so
+        # taking that pixel's label never leaves the component and needs far fewer sweeps (both steps only
+        # lower labels, so the fixed point is the same: each component's smallest index)
+        flat = new.reshape(b, big)
+        new = np.take_along_axis(np.concatenate([flat, past], axis=1), flat, axis=1).reshape(b, h, w)
         if np.array_equal(new, labels):
             out = np.where(labels == big, -1, labels)
             return out[0] if single else out
@@ -175,8 +188,8 @@ def detect(image: Any) -> list[Detection]:
 
 
 def _detect(rgb: np.ndarray) -> list[Detection]:
-    cmap, cover = _analyse(rgb)
-    return _objects(cmap, cover, label_components(cmap))
+    cmaps, covers = _analyse(rgb[None])
+    return _objects(cmaps[0], covers[0], label_components(cmaps[0]))
 
 
 def _objects(cmap: np.ndarray, cover: np.ndarray, labels: np.ndarray) -> list[Detection]:
@@ -184,6 +197,12 @@ def _objects(cmap: np.ndarray, cover: np.ndarray, labels: np.ndarray) -> list[De
     h, w = cmap.shape
     min_area = MIN_AREA * h * w / 1024.0
     ids, counts = np.unique(labels[labels >= 0], return_counts=True)
+    # grown by 1 px each side: outside the image a pixel is neither this component nor background (-2)
+    # and has no coverage
+    framed_labels = np.full((h + 2, w + 2), -2, dtype=labels.dtype)
+    framed_labels[1:-1, 1:-1] = labels
+    framed_cover = np.zeros((h + 2, w + 2, cover.shape[-1]), dtype=cover.dtype)
+    framed_cover[1:-1, 1:-1] = cover
     out: list[Detection] = []
     for lab, area in zip(ids.tolist(), counts.tolist(), strict=True):
         if area < min_area:
@@ -192,9 +211,9 @@ def _objects(cmap: np.ndarray, cover: np.ndarray, labels: np.ndarray) -> list[De
         y0, y1, x0, x1 = int(ys.min()), int(ys.max()), int(xs.min()), int(xs.max())
         k = int(cmap[ys[0], xs[0]])
         # soft coverage of this colour around the component, without other components' pixels
-        own = (labels == lab) | (labels < 0)
-        soft = np.pad(np.where(own & (cover[:, :, k] >= SOFT_FLOOR), cover[:, :, k], 0.0), 1)
-        soft = soft[y0 : y1 + 3, x0 : x1 + 3]
+        window = framed_labels[y0 : y1 + 3, x0 : x1 + 3]
+        near = framed_cover[y0 : y1 + 3, x0 : x1 + 3, k]
+        soft = np.where(((window == lab) | (window == -1)) & (near >= SOFT_FLOOR), near, 0.0)
         shape = classify_shape(labels[y0 : y1 + 1, x0 : x1 + 1] == lab, soft)
         if max(y1 - y0, x1 - x0) + 1 > MAX_EXTENT * w / 32.0:
             shape = None
@@ -256,14 +275,14 @@ def verify_batch(images: Any, scenes: Sequence[Scene]) -> list[Verdict]:
     arr = np.asarray(images)
     if arr.ndim != 4 or len(arr) != len(scenes):
         raise ValueError(f"expected a (B, ...) batch of {len(scenes)} images, got shape {arr.shape}")
-    rgbs = [_as_rgb255(image) for image in arr]
-    analysed = [_analyse(rgb) for rgb in rgbs]
-    if not analysed:
+    if not len(arr):
         return []
-    labels = label_components(np.stack([cmap for cmap, _ in analysed]))  # one batched pass over the batch
+    rgbs = np.stack([_as_rgb255(image) for image in arr])
+    cmaps, covers = _analyse(rgbs)  # batched passes over the whole batch
+    labels = label_components(cmaps)
     return [
-        check(_objects(cmap, cover, lab), scene, size=rgb.shape[0])
-        for rgb, (cmap, cover), lab, scene in zip(rgbs, analysed, labels, scenes, strict=True)
+        check(_objects(cmap, cover, lab), scene, size=rgbs.shape[1])
+        for cmap, cover, lab, scene in zip(cmaps, covers, labels, scenes, strict=True)
     ]
 
 
