@@ -1,9 +1,12 @@
 """Compare the methods of several `flowrl bench` reports (results.json) as one bench: a method measured in an
 earlier report need not be trained again, and more seeds of a method (another report, other seeds) join its
 earlier ones. Every comparison (pairwise tests, reach ratios on every axis the
-runs share) is computed anew; the reports must use the same metric.
+runs share) is computed anew; the reports must use the same metric. ``--max-nfe N`` cuts every seed's curve at
+its first evaluation at or past N rollout NFE, so longer runs compare at a shorter budget (with a constant
+learning rate a run of budget N follows the same trajectory to that point); a cut run's final figure is that
+evaluation's metric alone.
 
-    python scripts/merge_bench.py DIR [DIR ...] --reference NAME --out OUT
+    python scripts/merge_bench.py DIR [DIR ...] --reference NAME --out OUT [--max-nfe N]
 """
 
 from __future__ import annotations
@@ -12,9 +15,24 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from flowrl.bench.plots import plot_curves
 from flowrl.bench.report import compare_methods, markdown, method_summary
+
+
+def cut_seed(seed: dict[str, Any], max_nfe: float, metric: str) -> dict[str, Any]:
+    """``seed`` (a results.json seed entry) as if its run had stopped at its first evaluation at or past
+    ``max_nfe`` rollout NFE (unchanged when its curve ends before)."""
+    curve = seed["curve"]
+    ends = [i for i, nfe in enumerate(curve["nfe"]) if nfe >= max_nfe]
+    if not ends or ends[0] == len(curve["nfe"]) - 1:
+        return seed
+    end = ends[0] + 1
+    cut = {k: v[:end] for k, v in curve.items()}
+    last = {k: cut[k][-1] for k in ("step", "nfe", "wall_s", "score")}
+    return {**seed, "curve": cut, "final": {**last, "eval": {metric: last["score"]}}, "steps": last["step"],
+            "nfe_used": last["nfe"], "wall_s": last["wall_s"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", type=Path, help="bench report folders holding results.json")
     parser.add_argument("--reference", required=True, help="the method the others are compared with")
     parser.add_argument("--out", required=True, type=Path, help="folder for the merged results.json, .md, plots")
+    parser.add_argument("--max-nfe", type=float, default=None,
+                        help="compare at this rollout budget: cut longer runs at their first evaluation past it")
     args = parser.parse_args(argv)
     methods, metrics, sources = {}, set(), []
     for folder in args.dirs:
@@ -33,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics.add(results["metric"])
         sources.append(str(folder))
         for name, summary in results["methods"].items():
+            if args.max_nfe is not None:
+                cut = {k: cut_seed(v, args.max_nfe, results["metric"]) for k, v in summary["seeds"].items()}
+                summary = method_summary(cut)
             if name in methods:  # more seeds of one method: the seeds join, the summary is computed anew
                 shared = sorted(set(methods[name]["seeds"]) & set(summary["seeds"]), key=int)
                 if shared:

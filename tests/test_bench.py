@@ -393,3 +393,29 @@ def test_merging_reports_compares_methods_across_them(runs: dict[str, dict[int, 
     assert joined["methods"]["ref"]["final_score"] == whole["methods"]["ref"]["final_score"]
     assert joined["reach_ratios"] == whole["reach_ratios"] and joined["pairwise"] == whole["pairwise"]
     assert merge([str(one), str(tmp_path / "none"), "--reference", "ref", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_merging_at_a_shorter_budget_cuts_every_curve(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
+    """merge_bench.py --max-nfe: runs cut at their first evaluation at or past the budget compare as runs of that
+    budget would: final figures, pairwise tests and reach ratios equal those of runs that stopped there."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from merge_bench import main as merge
+
+    two = {n: runs[n] for n in ("ref", "fast")}  # two methods keep the bootstraps short
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    full = build_results(two)
+    (whole / "results.json").write_text(json.dumps(full))
+    assert merge([str(whole), "--reference", "ref", "--out", str(tmp_path / "cut"), "--max-nfe", "100"]) == 0
+    cut = json.loads((tmp_path / "cut" / "results.json").read_text())
+    r = tmp_path / "short"
+    short = {
+        "ref": {0: write_run(r / "ref0", [(0, 0.2), (100, 0.4)]), 1: write_run(r / "ref1", [(0, 0.2), (100, 0.6)])},
+        "fast": {0: write_run(r / "f0", [(0, 0.2), (50, 0.5), (100, 0.8)]), 1: write_run(r / "f1", [(0, 0.2), (100, 0.8)])},
+    }
+    stopped = build_results(short)
+    for name in two:
+        assert cut["methods"][name]["final_score"] == stopped["methods"][name]["final_score"]
+        assert cut["methods"][name]["curve_nfe"] == stopped["methods"][name]["curve_nfe"]
+    assert cut["pairwise"] == stopped["pairwise"] and cut["reach_ratios"] == stopped["reach_ratios"]
+    assert cut["methods"]["ref"]["final_score"] != full["methods"]["ref"]["final_score"]
