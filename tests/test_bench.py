@@ -411,7 +411,10 @@ def test_merging_at_a_shorter_budget_cuts_every_curve(runs: dict[str, dict[int, 
     r = tmp_path / "short"
     short = {
         "ref": {0: write_run(r / "ref0", [(0, 0.2), (100, 0.4)]), 1: write_run(r / "ref1", [(0, 0.2), (100, 0.6)])},
-        "fast": {0: write_run(r / "f0", [(0, 0.2), (50, 0.5), (100, 0.8)]), 1: write_run(r / "f1", [(0, 0.2), (100, 0.8)])},
+        "fast": {
+            0: write_run(r / "f0", [(0, 0.2), (50, 0.5), (100, 0.8)]),
+            1: write_run(r / "f1", [(0, 0.2), (100, 0.8)]),
+        },
     }
     stopped = build_results(short)
     for name in two:
