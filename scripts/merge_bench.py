@@ -4,7 +4,8 @@ earlier ones. Every comparison (pairwise tests, reach ratios on every axis the
 runs share) is computed anew; the reports must use the same metric. ``--max-nfe N`` cuts every seed's curve at
 its first evaluation at or past N rollout NFE, so longer runs compare at a shorter budget (with a constant
 learning rate a run of budget N follows the same trajectory to that point); a cut run's final figure is that
-evaluation's metric alone.
+evaluation's metric alone, and its cost figures (iteration seconds, outside share, peak memory) stay those of
+the whole run.
 
     python scripts/merge_bench.py DIR [DIR ...] --reference NAME --out OUT [--max-nfe N]
 """
