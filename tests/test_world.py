@@ -426,3 +426,22 @@ def test_batched_verdicts_equal_one_image_at_a_time() -> None:
     alone = [verify(image, scene) for image, scene in zip(images, asked, strict=True)]
     assert batched == alone
     assert len({v.score for v in alone}) > 2  # verdicts of several kinds
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 9), st.integers(0, 2**31 - 1))
+def test_batched_background_medians_equal_numpy_median(b: int, side: int, seed: int) -> None:
+    """Each image's background chroma comes from one sort of the whole batch: equal to numpy's median over
+    that image's background pixels (even and odd counts, and zero for an image with no background)."""
+    import importlib
+
+    verify_module = importlib.import_module("flowrl.world.verify")
+    rng = np.random.default_rng(seed)
+    chroma = rng.normal(0.0, 30.0, size=(b, side, side, 3)).astype(np.float32)
+    cmaps = rng.integers(-1, 2, size=(b, side, side)).astype(np.int8)
+    cmaps[0] = 0  # the first image is all object
+    got = verify_module._background_medians(chroma, cmaps)
+    for k in range(b):
+        background = chroma[k][cmaps[k] < 0]
+        expected = np.median(background, axis=0) if len(background) else np.zeros(3, dtype=np.float32)
+        np.testing.assert_allclose(got[k], expected, rtol=1e-6, atol=1e-4)

@@ -91,68 +91,86 @@ def colour_map(image: Any) -> np.ndarray:
 
 
 def _member(chroma: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Colour maps ``(B, H, W)`` and coverage ``(B, H, W, C)`` of a batch of pixels' ``chroma`` ``(B, H, W, 3)``
+    """Colour maps ``(B, H, W)`` and coverage ``(B, C, H, W)`` of a batch of pixels' ``chroma`` ``(B, H, W, 3)``
     over each image's background chroma ``base`` ``(B, 3)``."""
-    rel = chroma - base[:, None, None, :]
-    proj = rel @ _UNITS.T
-    denom = np.stack([np.maximum(_CHROMA - _UNITS @ b, 1.0) for b in base])  # (B, C), one image at a time
-    cover = proj / denom[:, None, None, :]  # blend fraction of each colour
-    best = proj.argmax(-1)
-    along = proj.max(-1)
-    best_cover = along / denom[np.arange(len(base))[:, None, None], best]  # the best colour's cover
-    member = (best_cover >= COVERAGE) & (along >= _MAX_COS * np.linalg.norm(rel, axis=-1))
-    return np.where(member, best, -1).astype(np.int8), np.clip(cover, 0.0, 1.0)
+    b, h, w, _ = chroma.shape
+    rel = (chroma - base[:, None, None, :]).reshape(-1, 3)
+    proj = _UNITS @ rel.T  # (C, B*H*W): each colour's plane contiguous, so the reductions run over planes
+    denom = np.maximum(_CHROMA[None, :] - base @ _UNITS.T, 1.0)  # (B, C)
+    best = proj.argmax(0)
+    along = proj.max(0)
+    best_cover = along / denom[np.repeat(np.arange(b), h * w), best]  # the best colour's cover
+    member = (best_cover >= COVERAGE) & (along >= _MAX_COS * np.sqrt((rel * rel).sum(-1)))
+    cover = proj.reshape(-1, b, h, w) / denom.T[:, :, None, None]  # blend fraction of each colour
+    cmaps = np.where(member, best, -1).astype(np.int8).reshape(b, h, w)
+    return cmaps, np.clip(cover, 0.0, 1.0, out=cover).transpose(1, 0, 2, 3)
 
 
 def _analyse(rgbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The colour maps ``(B, H, W)`` of a batch of images ``(B, H, W, 3)`` and each colour's soft coverage
-    ``(B, H, W, C)`` in [0, 1].
+    ``(B, C, H, W)`` in [0, 1].
 
     Each image's background chroma (the median over its non-object pixels, so a tinted background) is
     subtracted.
     """
     chroma = rgbs - rgbs.mean(-1, keepdims=True)  # drop the grey component: blends with grey are linear here
     cmaps, _ = _member(chroma, np.zeros((len(rgbs), 3), dtype=np.float32))
-    bases = np.zeros((len(rgbs), 3), dtype=np.float32)
-    for i, (c, cmap) in enumerate(zip(chroma, cmaps, strict=True)):
-        background = c[cmap < 0]
-        if len(background):
-            bases[i] = np.median(background, axis=0)
-    return _member(chroma, bases)
+    return _member(chroma, _background_medians(chroma, cmaps))
+
+
+def _background_medians(chroma: np.ndarray, cmaps: np.ndarray) -> np.ndarray:
+    """Each image's median chroma ``(B, 3)`` over its background pixels (``cmaps < 0``), zero where it has
+    none: one sort of the batch, object pixels sorted last, then the middle value (or the mean of the two)."""
+    b = len(chroma)
+    flat = np.where((cmaps < 0).reshape(b, -1, 1), chroma.reshape(b, -1, 3), np.inf)
+    flat.sort(axis=1)
+    n = (cmaps < 0).reshape(b, -1).sum(1)
+    lo, hi = np.maximum(n - 1, 0) // 2, n // 2
+    rows = np.arange(b)
+    medians = (flat[rows, lo] + flat[rows, hi]) / np.float32(2)
+    return np.where((n > 0)[:, None], medians, np.float32(0)).astype(np.float32)
 
 
 def label_components(cmap: np.ndarray) -> np.ndarray:
     """8-connected same-colour components of a colour map ``(H, W)``, or of a batch of them ``(B, H, W)``
     (each image on its own): labels (int), ``-1`` for background. A component's label is the smallest flat
-    pixel index in it; the minimum spreads between linked neighbours until nothing changes."""
+    pixel index in it; the minimum spreads between linked neighbours until nothing changes.
+
+    Only object pixels take part: each is numbered in raster order over the batch (so within a component the
+    smallest number is its smallest flat index) and carries the numbers of its same-colour neighbours."""
     single = cmap.ndim == 2
     maps = cmap[None] if single else cmap
     b, h, w = maps.shape
-    big = h * w
-    labels = np.where(maps >= 0, np.arange(big).reshape(1, h, w), big)
-    padded = np.full((b, h + 2, w + 2), -1, dtype=maps.dtype)
-    padded[:, 1:-1, 1:-1] = maps
-    links = []
+    out = np.full((b, h, w), -1, dtype=np.int64)
+    where = np.flatnonzero(maps >= 0)  # object pixels, raster order over the batch
+    if not len(where):
+        return out[0] if single else out
+    inner = np.full(b * h * w, -1, dtype=np.int64)
+    inner[where] = np.arange(len(where))
+    number = np.full((b, h + 2, w + 2), -1, dtype=np.int64)  # framed: outside the image is no pixel
+    number[:, 1:-1, 1:-1] = inner.reshape(b, h, w)
+    framed = np.full((b, h + 2, w + 2), -1, dtype=maps.dtype)
+    framed[:, 1:-1, 1:-1] = maps
+    own = np.arange(len(where))
+    neighbours = [own]
     for dy, dx in _SHIFTS:
-        same = (padded[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w] == maps) & (maps >= 0)
+        there = number[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w].reshape(-1)[where]
+        same = framed[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w].reshape(-1)[where] == maps.reshape(-1)[where]
         if same.any():
-            links.append((dy, dx, same))
-    lp = np.full((b, h + 2, w + 2), big, dtype=labels.dtype)
-    past = np.full((b, 1), big, dtype=labels.dtype)  # what background's label (big) points to
+            neighbours.append(np.where(same, there, own))
+    links = np.stack(neighbours, 1)  # (pixels, 1 + directions): a pixel's own number where no link
+    labels = own
     while True:
-        lp[:, 1:-1, 1:-1] = labels
-        new = labels
-        for dy, dx, same in links:
-            new = np.where(same, np.minimum(new, lp[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]), new)
-        # shortcut: a label is the index of a pixel of the same component whose own label is no larger, so
+        new = labels[links].min(1)
+        # shortcut: a label is the number of a pixel of the same component whose own label is no larger, so
         # taking that pixel's label never leaves the component and needs far fewer sweeps (both steps only
-        # lower labels, so the fixed point is the same: each component's smallest index)
-        flat = new.reshape(b, big)
-        new = np.take_along_axis(np.concatenate([flat, past], axis=1), flat, axis=1).reshape(b, h, w)
+        # lower labels, so the fixed point is the same: each component's smallest number)
+        new = new[new]
         if np.array_equal(new, labels):
-            out = np.where(labels == big, -1, labels)
-            return out[0] if single else out
+            break
         labels = new
+    out.reshape(-1)[where] = where[labels] % (h * w)
+    return out[0] if single else out
 
 
 def classify_shape(mask: np.ndarray, soft: np.ndarray) -> str | None:
@@ -201,8 +219,8 @@ def _objects(cmap: np.ndarray, cover: np.ndarray, labels: np.ndarray) -> list[De
     # and has no coverage
     framed_labels = np.full((h + 2, w + 2), -2, dtype=labels.dtype)
     framed_labels[1:-1, 1:-1] = labels
-    framed_cover = np.zeros((h + 2, w + 2, cover.shape[-1]), dtype=cover.dtype)
-    framed_cover[1:-1, 1:-1] = cover
+    framed_cover = np.zeros((cover.shape[0], h + 2, w + 2), dtype=cover.dtype)
+    framed_cover[:, 1:-1, 1:-1] = cover
     out: list[Detection] = []
     for lab, area in zip(ids.tolist(), counts.tolist(), strict=True):
         if area < min_area:
@@ -212,7 +230,7 @@ def _objects(cmap: np.ndarray, cover: np.ndarray, labels: np.ndarray) -> list[De
         k = int(cmap[ys[0], xs[0]])
         # soft coverage of this colour around the component, without other components' pixels
         window = framed_labels[y0 : y1 + 3, x0 : x1 + 3]
-        near = framed_cover[y0 : y1 + 3, x0 : x1 + 3, k]
+        near = framed_cover[k, y0 : y1 + 3, x0 : x1 + 3]
         soft = np.where(((window == lab) | (window == -1)) & (near >= SOFT_FLOOR), near, 0.0)
         shape = classify_shape(labels[y0 : y1 + 1, x0 : x1 + 1] == lab, soft)
         if max(y1 - y0, x1 - x0) + 1 > MAX_EXTENT * w / 32.0:
