@@ -27,6 +27,9 @@ class UnknownWords:
             return []
         if self.unk not in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]:
             return []
+        return self._unknown_words(prompt)
+
+    def _unknown_words(self, prompt: str) -> list[str]:
         words: list[str] = []
         for word in prompt.split():
             ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
@@ -38,8 +41,15 @@ class UnknownWords:
         """Print one line for the words not reported before; returns them."""
         new: list[str] = []
         example = ""
-        for prompt in prompts:
-            found = [w for w in self.unknown(prompt) if w not in self.reported and w not in new]
+        prompts = list(prompts)
+        if self.tokenizer is None or self.unk is None or not prompts:
+            return new
+        # one tokenizer call for the batch (four prompts: 0.24 ms, against 1.0 ms one at a time); the words
+        # only of the prompts that have an unknown token
+        suspects = [p for p, ids in zip(prompts, self.tokenizer(prompts, add_special_tokens=False)["input_ids"],
+                                        strict=True) if self.unk in ids]
+        for prompt in suspects:
+            found = [w for w in self._unknown_words(prompt) if w not in self.reported and w not in new]
             if found and not example:
                 example = prompt
             new += found
