@@ -210,6 +210,13 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
             "trainer.inner_epochs",
             "a forward-process loss takes one inner epoch (its old policy is the current one)",
         )
+    if (
+        issubclass(recipe.parts["loss"].cls, ForwardProcessLoss)
+        and recipe.trainer.sharding != "none"
+        and recipe.parts["loss"].build().lagged_decay(0) is not None
+    ):
+        why = f"loss {recipe.parts['loss'].type!r} keeps a lagged copy of the weights, which sharded runs lack"
+        yield ("trainer.sharding", f"{why}; use 'none'")
     yield from update_checks(recipe)
     for table, part in recipe.parts.items():
         yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_config(part.config))

@@ -141,3 +141,19 @@ def test_an_adaptive_anchor_that_falls_with_the_reward_is_refused(tmp_path: Path
     captured = capsys.readouterr()
     err = captured.err + captured.out
     assert str(recipe) in err and "[loss.kl_min]" in err and "Traceback" not in err
+
+
+def test_a_sharded_run_with_a_lagged_copy_is_refused_before_anything_is_built(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The lagged copy's weight swap needs unsharded weights: validate and train refuse CRD with
+    trainer.sharding = "fsdp", exit 2, naming the file and the key; a forward-process loss without a lagged copy
+    (DiffusionNFT) validates sharded."""
+    from flowrl.cli.main import main
+
+    crd = str(ROOT / "recipes" / "crd.toml")
+    for command in (["validate", crd], ["train", crd, "--output-dir", str(tmp_path / "run")]):
+        assert main([*command, "--set", "trainer.sharding=fsdp"]) == 2
+        captured = capsys.readouterr()
+        err = captured.err + captured.out
+        assert crd in err and "[trainer.sharding]" in err and "lagged copy" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+    assert main(["validate", str(ROOT / "recipes" / "diffusion_nft.toml"), "--set", "trainer.sharding=fsdp"]) == 0

@@ -153,14 +153,11 @@ class PolicyUpdate:
 
     def _lagged_policy(self) -> LaggedPolicy | None:
         """The lagged copy when the loss asks for one (``ForwardProcessLoss.lagged_decay``), kept in the
-        policy's checkpointed state; refused with sharded weights, which the copy's swap does not handle."""
+        policy's checkpointed state; not with sharded weights, which the copy's swap does not handle."""
         if not isinstance(self.loss_fn, ForwardProcessLoss) or self.loss_fn.lagged_decay(0) is None:
             return None
-        if self.policy.sharded:
-            from flowrl.recipe import RecipeError
-
-            why = f"loss {self.loss_fn.registered_name!r} keeps a lagged copy of the weights, which sharded runs lack"
-            raise RecipeError(self.recipe.source, [("trainer.sharding", why)])
+        if self.policy.sharded:  # load_recipe refuses the combination (recipe.cross_checks)
+            raise ValueError("a lagged copy of the weights needs unsharded weights")
         self.policy.lagged = LaggedPolicy(self.policy.named_params)
         return self.policy.lagged
 
