@@ -76,8 +76,9 @@ class TrainerConfig:
     # metrics.jsonl); "auto": eval/strict where the evaluation reports it (the embedded world), else eval/score;
     # "": no best checkpoint. Needs eval_every or eval_every_nfe > 0.
     keep_best: str = attrs.field(default="auto", validator=_evaluation_figure)
-    # warn (and flag alert/diversity) when health/diversity falls below this share of its first value; 0: off
-    alert_diversity: float = attrs.field(default=0.5, validator=[ge(0), le(1)])
+    # warn (and flag alert/diversity) when health/diversity (mean of the last 5 iterations) falls below this share
+    # of its mean over the first 5; 0: off
+    alert_diversity: float = attrs.field(default=0.7, validator=[ge(0), le(1)])
     # warn (and flag alert/reward_vs_eval) when the training reward rose and the evaluation figure fell over
     # this many evaluations in a row; 0: off
     alert_eval_falls: int = attrs.field(default=3, validator=ge(0))

@@ -33,16 +33,16 @@ class FlatRed(RewardModel):
 
 
 def world_run(tmp_path: Path, reward: dict, lr: float, steps: int) -> list[dict]:
-    """recipes/flow_grpo.toml, 2 prompts per iteration, the alert at 0.7 x the first diversity.
+    """recipes/flow_grpo.toml, 2 prompts per iteration, the alert at its defaults (the mean diversity of the last
+    5 iterations below 0.7 x the mean of the first 5).
 
-    With the stochastic last step this alert was calibrated on (``schedule.final_sde = true``): with the ODE
-    last step (the default since) the first iteration's diversity is lower (0.145 against 0.20), the hacked run
-    still loses diversity (0.21 at its peak -> 0.12) but stays above 0.7 x the first value within 40 iterations.
-    """
-    settings = ["schedule.final_sde=true", f"trainer.max_steps={steps}", "trainer.prompts_per_step=2",
-                "trainer.eval_every=0",
+    Measured (one thread): the hacked run's first 5 diversities average 0.187 (the first alone 0.145, a noisy
+    figure of 2 groups that an alert against the first value took as its reference and so never fired); its
+    5-iteration mean is below 0.7 x that from about iteration 18 on and 0.58 x at its lowest. The verifier's
+    run, measured over 40 iterations, stays at 0.92 x or more."""
+    settings = [f"trainer.max_steps={steps}", "trainer.prompts_per_step=2", "trainer.eval_every=0",
                 "trainer.image_every=0", "trainer.checkpoint_every=0", "trainer.max_minutes=0", "trainer.kl_every=0",
-                "trainer.alert_diversity=0.7", f"optim.lr={lr}"]
+                f"optim.lr={lr}"]
     data = load_recipe(ROOT / "recipes" / "flow_grpo.toml", settings).to_dict()
     data["reward"] = [reward]
     folder = train(recipe_from_dict(data), tmp_path / "run", quiet=True)
@@ -54,7 +54,7 @@ def test_a_flat_colour_reward_is_hacked_and_flagged(tmp_path: Path, capsys: pyte
     rewards = [r["reward/total"] for r in rows]
     diversity = [r["health/diversity"] for r in rows]
     assert sum(rewards[-5:]) / 5 > 0.5 * rewards[0]  # measured: -0.25 -> -0.02, the images turned red
-    assert min(diversity[-10:]) < 0.7 * diversity[0], diversity  # measured: 0.20 -> 0.12
+    assert min(diversity[-10:]) < 0.7 * sum(diversity[:5]) / 5, diversity  # measured: 0.187 -> 0.11-0.12
     flagged = [r["step"] for r in rows if r.get("alert/diversity")]
     assert flagged, diversity
     err = capsys.readouterr().err

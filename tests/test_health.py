@@ -55,7 +55,7 @@ def test_single_image_groups_give_no_signal() -> None:
 
 
 def test_diversity_alert_starts_once_and_clears() -> None:
-    alerts = HealthAlerts(diversity_share=0.5, eval_falls=0)
+    alerts = HealthAlerts(diversity_share=0.5, eval_falls=0, diversity_window=1)  # each value against the first
     started = []
     flags = []
     for d in (1.0, 0.6, 0.4, 0.3, 0.8, 0.45):
@@ -64,6 +64,20 @@ def test_diversity_alert_starts_once_and_clears() -> None:
         flags.append(metrics.get("alert/diversity", 0))
     assert flags == [0, 0, 1, 1, 0, 1]
     assert started == [0, 0, 1, 0, 0, 1]  # a message when it starts, not in every row
+
+
+def test_diversity_alert_compares_window_means() -> None:
+    """The mean of the last 3 diversities against the mean of the first 3: one low iteration (a noisy figure)
+    does not fire it, a sustained fall does; a low first value does not set a low reference."""
+    alerts = HealthAlerts(diversity_share=0.7, eval_falls=0, diversity_window=3)
+    values = (0.6, 1.2, 1.2, 0.5, 1.0, 1.0, 0.6, 0.6, 0.6)  # reference 1.0: the first value alone would be 0.6
+    flags = []
+    for d in values:
+        metrics = {"health/diversity": d}
+        alerts.observe(metrics, None)
+        flags.append(metrics.get("alert/diversity", 0))
+    # means of the last 3 from the third value on: 1.0, 0.967, 0.9, 0.833, 0.867, 0.733, 0.6 (below 0.7 at the end)
+    assert flags == [0, 0, 0, 0, 0, 0, 0, 0, 1]
 
 
 def test_reward_vs_eval_alert_needs_rising_reward_and_falling_evaluation() -> None:

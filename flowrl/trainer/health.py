@@ -55,8 +55,10 @@ def rollout_health(images: Tensor, group: Tensor, advantages: Tensor) -> dict[st
 class HealthAlerts:
     """Two warnings of reward hacking, each a one-line message and a flag in the metrics.
 
-    - ``alert/diversity``: ``health/diversity`` fell below ``diversity_share`` of its first value (the
-      policy is collapsing onto one image per prompt).
+    - ``alert/diversity``: the mean ``health/diversity`` of the last ``diversity_window`` iterations fell
+      below ``diversity_share`` of its mean over the run's first ``diversity_window`` iterations (the policy
+      is collapsing onto one image per prompt). Means, because one iteration's figure comes from a few
+      groups: on the embedded world with 2 prompts an iteration it moves by +-20% between iterations.
     - ``alert/reward_vs_eval``: over the last ``eval_falls`` evaluations the evaluation figure fell each
       time while the mean training reward since the previous evaluation rose each time (the policy is
       learning the training reward, not the task).
@@ -65,9 +67,11 @@ class HealthAlerts:
     cleared; the flag is in every row where the condition holds.
     """
 
-    diversity_share: float = 0.5
+    diversity_share: float = 0.7
     eval_falls: int = 3
-    first_diversity: float | None = None
+    diversity_window: int = 5
+    baseline: list[float] = attrs.field(factory=list)  # the first diversity_window diversities
+    recent: list[float] = attrs.field(factory=list)  # the last diversity_window diversities
     window: list[float] = attrs.field(factory=list)  # training rewards since the last evaluation
     history: list[tuple[float, float]] = attrs.field(factory=list)  # (mean training reward, evaluation figure)
     hacking: bool = False  # the reward-vs-evaluation condition, as of the last evaluation
@@ -79,12 +83,16 @@ class HealthAlerts:
         messages: dict[str, str] = {}
         diversity = metrics.get("health/diversity")
         if self.diversity_share > 0 and isinstance(diversity, float):
-            if self.first_diversity is None:
-                self.first_diversity = diversity
-            elif diversity < self.diversity_share * self.first_diversity:
+            n = self.diversity_window
+            if len(self.baseline) < n:
+                self.baseline.append(diversity)
+            self.recent = [*self.recent, diversity][-n:]
+            start, now = sum(self.baseline) / len(self.baseline), sum(self.recent) / len(self.recent)
+            if len(self.baseline) == n and now < self.diversity_share * start:
+                over = f"over the last {n} iterations" if n > 1 else "now"
                 messages["alert/diversity"] = (
-                    f"within-group diversity {diversity:.4f} is below {self.diversity_share:g} x its first value "
-                    f"{self.first_diversity:.4f}: the samples are collapsing (look at them)"
+                    f"within-group diversity {now:.4f} ({over}) is below {self.diversity_share:g} x its value "
+                    f"at the start, {start:.4f}: the samples are collapsing (look at them)"
                 )
         if isinstance(metrics.get("reward/total"), float):
             self.window.append(metrics["reward/total"])
