@@ -8,6 +8,10 @@ evaluation's metric alone, and its cost figures (iteration seconds, outside shar
 the whole run.
 
     python scripts/merge_bench.py DIR [DIR ...] --reference NAME --out OUT [--max-nfe N]
+
+A DIR may name the methods to take from it, each optionally under a new name:
+``DIR:flow_grpo=flow_grpo_p4,branch_grpo`` takes two of its methods and calls the first ``flow_grpo_p4`` (so one
+method measured under two protocols can stand side by side).
 """
 
 from __future__ import annotations
@@ -36,24 +40,46 @@ def cut_seed(seed: dict[str, Any], max_nfe: float, metric: str) -> dict[str, Any
             "nfe_used": last["nfe"], "wall_s": last["wall_s"]}
 
 
+def parse_source(spec: str) -> tuple[Path, dict[str, str] | None]:
+    """``DIR`` or ``DIR:NAME[=NEW],...``: the folder and the methods to take from it (each to its new name), or
+    None for all of them."""
+    folder, sep, names = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    if not sep:
+        return Path(spec), None
+    chosen = {}
+    for item in names.split(","):
+        old, _, new = item.partition("=")
+        chosen[old.strip()] = (new or old).strip()
+    return Path(folder), chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dirs", nargs="+", type=Path, help="bench report folders holding results.json")
+    parser.add_argument("dirs", nargs="+", help="bench report folders holding results.json (DIR[:NAME[=NEW],...])")
     parser.add_argument("--reference", required=True, help="the method the others are compared with")
     parser.add_argument("--out", required=True, type=Path, help="folder for the merged results.json, .md, plots")
     parser.add_argument("--max-nfe", type=float, default=None,
                         help="compare at this rollout budget: cut longer runs at their first evaluation past it")
     args = parser.parse_args(argv)
     methods, metrics, sources = {}, set(), []
-    for folder in args.dirs:
+    for spec in args.dirs:
+        folder, chosen = parse_source(spec)
         path = folder / "results.json"
         if not path.is_file():
             print(f"error: {path}: no such file (a flowrl bench report folder holds one)", file=sys.stderr)
             return 2
         results = json.loads(path.read_text())
         metrics.add(results["metric"])
-        sources.append(str(folder))
-        for name, summary in results["methods"].items():
+        sources.append(spec)
+        missing = [name for name in chosen or {} if name not in results["methods"]]
+        if missing:
+            print(f"error: {spec}: no method '{missing[0]}' in {path} ({', '.join(results['methods'])})",
+                  file=sys.stderr)
+            return 2
+        for original, summary in results["methods"].items():
+            if chosen is not None and original not in chosen:
+                continue
+            name = chosen[original] if chosen is not None else original
             if args.max_nfe is not None:
                 cut = {k: cut_seed(v, args.max_nfe, results["metric"]) for k, v in summary["seeds"].items()}
                 summary = method_summary(cut)

@@ -393,6 +393,14 @@ def test_merging_reports_compares_methods_across_them(runs: dict[str, dict[int, 
     assert joined["methods"]["ref"]["final_score"] == whole["methods"]["ref"]["final_score"]
     assert joined["reach_ratios"] == whole["reach_ratios"] and joined["pairwise"] == whole["pairwise"]
     assert merge([str(one), str(tmp_path / "none"), "--reference", "ref", "--out", str(tmp_path / "x")]) == 2
+    # methods chosen from a report, one under a new name: the same figures as under its own name
+    renamed = tmp_path / "renamed"
+    assert merge([str(one), f"{two}:fast=quick", "--reference", "ref", "--out", str(renamed)]) == 0
+    picked = json.loads((renamed / "results.json").read_text())
+    assert list(picked["methods"]) == ["ref", "quick"]
+    pair = build_results({n: runs[n] for n in ("ref", "fast")})
+    assert picked["methods"]["quick"]["final_score"] == pair["methods"]["fast"]["final_score"]
+    assert merge([str(one), f"{two}:nothing", "--reference", "ref", "--out", str(tmp_path / "x")]) == 2
 
 
 def test_merging_at_a_shorter_budget_cuts_every_curve(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
