@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-nfe", type=float, default=None,
                         help="compare at this rollout budget: cut longer runs at their first evaluation past it")
     args = parser.parse_args(argv)
-    methods, metrics, sources = {}, set(), []
+    methods: dict[str, Any] = {}
+    metrics: set[str] = set()
+    sources: list[str] = []
     for spec in args.dirs:
         folder, chosen = parse_source(spec)
         path = folder / "results.json"
