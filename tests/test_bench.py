@@ -232,6 +232,11 @@ def test_resume_decisions(tmp_path: Path) -> None:
     assert is_complete(run, recipe)
     other = recipe_from_dict(tiny_recipe(), bench_overrides(0, 200, 2, None))  # another budget
     assert not is_complete(run, other) and not can_continue(run, other)
+    # a setting that only watches the run (an alert threshold, e.g. a new default) does not retrain it
+    watched = recipe_from_dict(tiny_recipe(), [*bench_overrides(0, 100, 2, None), "trainer.alert_diversity=0.3"])
+    assert watched.to_toml() != recipe.to_toml() and is_complete(run, watched)
+    lr = recipe_from_dict(tiny_recipe(), [*bench_overrides(0, 100, 2, None), "optim.lr=0.5"])
+    assert not is_complete(run, lr) and not can_continue(run, lr)
 
 
 def test_extend_decisions(tmp_path: Path) -> None:

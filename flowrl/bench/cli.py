@@ -34,9 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-dir", default=None, type=OutputFolder(), metavar="DIR",
                         help="report folder; runs go to DIR/runs/<name>/seed<k> (default: runs/bench-<time>)")
     parser.add_argument("--resume", action="store_true",
-                        help="reuse runs in DIR finished with the same resolved recipe, continue interrupted ones"
-                        " from their checkpoint, extend runs with a smaller --nfe-budget to this one (needs"
-                        " --output-dir)")
+                        help="reuse runs in DIR finished with the same resolved recipe (alert thresholds aside),"
+                        " continue interrupted ones from their checkpoint, extend runs with a smaller --nfe-budget to"
+                        " this one (needs --output-dir)")
     parser.add_argument("--quiet", action="store_true", help="no per-run training bars (the bar over runs stays)")
     parser.set_defaults(func=main)
 

@@ -26,6 +26,10 @@ from flowrl.recipe import Recipe, RecipeError, load_recipe
 
 # The keys a run may grow when it is extended to a larger budget (the bench sets both to --nfe-budget).
 BUDGET_KEYS = ("trainer.max_nfe", "trainer.max_steps")
+# Keys that only watch a run (the health alerts read its metrics and change nothing): a finished or interrupted
+# run that differs from the asked recipe only in these is reused or continued, not trained again (its rows keep
+# the alert flags of the settings it ran with).
+WATCH_KEYS = ("trainer.alert_diversity", "trainer.alert_eval_falls")
 # Recipe keys the harness sets itself, and the option that sets each.
 BENCH_KEYS = {
     "seed": "--seeds",
@@ -120,9 +124,22 @@ def load_recipes(paths: Sequence[str | Path], seeds: Sequence[int], overrides_fo
 
 
 def same_recipe(run_dir: Path, recipe: Recipe) -> bool:
-    """``run_dir`` was started with exactly this resolved recipe (same seed, budget, evaluation, overrides)."""
+    """``run_dir`` was started with this resolved recipe (same seed, budget, evaluation, overrides), up to the
+    settings that only watch a run (:data:`WATCH_KEYS`)."""
+    import tomllib
+
+    from flowrl.trainer.resume import recipe_changes, saved_settings
+
     recipe_file = run_dir / "recipe.toml"
-    return recipe_file.is_file() and recipe_file.read_text() == recipe.to_toml()
+    if not recipe_file.is_file():
+        return False
+    if recipe_file.read_text() == recipe.to_toml():
+        return True
+    try:
+        before = saved_settings(recipe_file)
+    except (RecipeError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False  # not a recipe this version reads: the run is trained again
+    return all(key in WATCH_KEYS for key, _, _ in recipe_changes(before, recipe.to_dict()))
 
 
 def is_complete(run_dir: Path, recipe: Recipe) -> bool:
