@@ -48,3 +48,20 @@ def test_standard_error_and_bootstrap_interval() -> None:
     # A statistic that is undefined in some resamples: those are counted, the interval uses the others.
     half = bootstrap({"a": [0.0, 1.0]}, lambda d: None if d["a"][0] == 0.0 else d["a"][0], resamples=1000)
     assert 0.3 < half["undefined"] < 0.7 and half["low"] == half["high"] == 1.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_bootstraps_mean_curve_is_the_reports_mean(seed: int) -> None:
+    """The reach bootstraps take the mean curve without its spread: the same grid and the same means, exactly
+    (the same fmean over the same interpolated values)."""
+    import random
+
+    from flowrl.bench.curve import mean_curve, mean_only_curve
+
+    rng = random.Random(seed)
+    curves = []
+    for _ in range(rng.randint(1, 8)):
+        xs = sorted(rng.uniform(0, 6e4) for _ in range(rng.randint(1, 7)))
+        curves.append((xs, [rng.random() for _ in xs]))
+    full, fast = mean_curve(curves), mean_only_curve(curves)
+    assert fast["x"] == full["x"] and fast["mean"] == full["mean"]

@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flowrl.bench.curve import mean_curve, x_to_reach
+from flowrl.bench.curve import mean_only_curve, x_to_reach
 from flowrl.bench.stats import bootstrap, welch
 
 SIGNIFICANCE = 0.05  # two-sided level at which a pairwise difference is flagged
@@ -52,7 +52,7 @@ AXES = ("step", "nfe", "wall_s", "rows")  # what a reach can be counted in: opti
 
 def _reach(curves: Sequence[Mapping[str, Any]], level: float, axis: str = "nfe") -> float | None:
     """The ``axis`` value at which the mean curve of ``curves`` first reaches ``level`` (``None``: never)."""
-    return x_to_reach(mean_curve([(c[axis], c["score"]) for c in curves]), level)
+    return x_to_reach(mean_only_curve([(c[axis], c["score"]) for c in curves]), level)
 
 
 def _own(curves_r: Sequence[Mapping[str, Any]], axis: str = "nfe") -> float | None:

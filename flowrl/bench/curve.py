@@ -57,6 +57,14 @@ def mean_curve(curves: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dic
     return out
 
 
+def mean_only_curve(curves: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict[str, list[Any]]:
+    """The mean of :func:`mean_curve` alone (the same numbers), for the bootstraps that need only it: the
+    standard deviation at every point (``statistics.stdev`` works in exact fractions) made a merged report of
+    nine methods take over 25 minutes."""
+    grid = sorted({x for xs, _ in curves for x in xs})
+    return {"x": grid, "mean": [statistics.fmean([interp(x, xs, ys) for xs, ys in curves]) for x in grid]}
+
+
 def x_to_reach(curve: Mapping[str, Sequence[float]], target: float) -> float | None:
     """First x where the mean curve reaches ``target`` (linear between points); ``None`` if it never does."""
     xs, ys = curve["x"], curve["mean"]
