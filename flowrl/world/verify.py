@@ -122,9 +122,10 @@ def _background_medians(chroma: np.ndarray, cmaps: np.ndarray) -> np.ndarray:
     """Each image's median chroma ``(B, 3)`` over its background pixels (``cmaps < 0``), zero where it has
     none: one sort of the batch, object pixels sorted last, then the middle value (or the mean of the two)."""
     b = len(chroma)
-    flat = np.where((cmaps < 0).reshape(b, -1, 1), chroma.reshape(b, -1, 3), np.inf)
+    background = (cmaps < 0).reshape(b, -1)
+    flat = np.where(background[:, :, None], chroma.reshape(b, -1, 3), np.inf)
     flat.sort(axis=1)
-    n = (cmaps < 0).reshape(b, -1).sum(1)
+    n = background.sum(1)
     lo, hi = np.maximum(n - 1, 0) // 2, n // 2
     rows = np.arange(b)
     medians = (flat[rows, lo] + flat[rows, hi]) / np.float32(2)
@@ -152,10 +153,11 @@ def label_components(cmap: np.ndarray) -> np.ndarray:
     framed = np.full((b, h + 2, w + 2), -1, dtype=maps.dtype)
     framed[:, 1:-1, 1:-1] = maps
     own = np.arange(len(where))
+    colours = maps.reshape(-1)[where]
     neighbours = [own]
     for dy, dx in _SHIFTS:
         there = number[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w].reshape(-1)[where]
-        same = framed[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w].reshape(-1)[where] == maps.reshape(-1)[where]
+        same = framed[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w].reshape(-1)[where] == colours
         if same.any():
             neighbours.append(np.where(same, there, own))
     links = np.stack(neighbours, 1)  # (pixels, 1 + directions): a pixel's own number where no link
