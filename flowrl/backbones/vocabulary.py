@@ -22,14 +22,10 @@ class UnknownWords:
         self.reported: set[str] = set()
 
     def unknown(self, prompt: str) -> list[str]:
-        """The words of ``prompt`` that become the unknown token (in order, without repeats)."""
+        """The words of ``prompt`` that become the unknown token (in order, without repeats); the tokenizer
+        is called once per word, so :meth:`check` calls it only for prompts that have an unknown token."""
         if self.tokenizer is None or self.unk is None:
             return []
-        if self.unk not in self.tokenizer(prompt, add_special_tokens=False)["input_ids"]:
-            return []
-        return self._unknown_words(prompt)
-
-    def _unknown_words(self, prompt: str) -> list[str]:
         words: list[str] = []
         for word in prompt.split():
             ids = self.tokenizer(word, add_special_tokens=False)["input_ids"]
@@ -49,7 +45,7 @@ class UnknownWords:
         suspects = [p for p, ids in zip(prompts, self.tokenizer(prompts, add_special_tokens=False)["input_ids"],
                                         strict=True) if self.unk in ids]
         for prompt in suspects:
-            found = [w for w in self._unknown_words(prompt) if w not in self.reported and w not in new]
+            found = [w for w in self.unknown(prompt) if w not in self.reported and w not in new]
             if found and not example:
                 example = prompt
             new += found
