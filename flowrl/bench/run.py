@@ -126,29 +126,37 @@ def load_recipes(paths: Sequence[str | Path], seeds: Sequence[int], overrides_fo
 def same_recipe(run_dir: Path, recipe: Recipe) -> bool:
     """``run_dir`` was started with this resolved recipe (same seed, budget, evaluation, overrides), up to the
     settings that only watch a run (:data:`WATCH_KEYS`)."""
+    recipe_file = run_dir / "recipe.toml"
+    if recipe_file.is_file() and recipe_file.read_text() == recipe.to_toml():
+        return True
+    changes = changes_since(run_dir, recipe)
+    return changes is not None and all(key in WATCH_KEYS for key, _, _ in changes)
+
+
+def changes_since(run_dir: Path, recipe: Recipe) -> list[tuple[str, Any, Any]] | None:
+    """What ``recipe`` changes in the recipe ``run_dir`` was started with (``(key, before, after)``), or None
+    when the folder has no recipe this version reads (the run is then trained again)."""
     import tomllib
 
     from flowrl.trainer.resume import recipe_changes, saved_settings
 
-    recipe_file = run_dir / "recipe.toml"
-    if not recipe_file.is_file():
-        return False
-    if recipe_file.read_text() == recipe.to_toml():
-        return True
+    saved = run_dir / "recipe.toml"
+    if not saved.is_file():
+        return None
     try:
-        before = saved_settings(recipe_file)
+        before = saved_settings(saved)
     except (RecipeError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return False  # not a recipe this version reads: the run is trained again
-    return all(key in WATCH_KEYS for key, _, _ in recipe_changes(before, recipe.to_dict()))
+        return None
+    return recipe_changes(before, recipe.to_dict())
 
 
 def is_complete(run_dir: Path, recipe: Recipe) -> bool:
-    """A finished bench run of exactly this resolved recipe."""
+    """A finished bench run of this resolved recipe (:func:`same_recipe`)."""
     return (run_dir / FINAL_EVAL).is_file() and (run_dir / "metrics.jsonl").is_file() and same_recipe(run_dir, recipe)
 
 
 def can_continue(run_dir: Path, recipe: Recipe) -> bool:
-    """An interrupted run of exactly this resolved recipe with a checkpoint to continue from."""
+    """An interrupted run of this resolved recipe (:func:`same_recipe`) with a checkpoint to continue from."""
     return same_recipe(run_dir, recipe) and has_checkpoint(run_dir)
 
 
@@ -160,18 +168,9 @@ def has_checkpoint(run_dir: Path) -> bool:
 def can_extend(run_dir: Path, recipe: Recipe) -> bool:
     """A run with a checkpoint whose recipe differs from ``recipe`` only in a smaller budget (:data:`BUDGET_KEYS`):
     continuing it to ``recipe``'s budget gives the run ``recipe`` describes."""
-    import tomllib
-
-    from flowrl.trainer.resume import recipe_changes, saved_settings
-
-    saved = run_dir / "recipe.toml"
-    if not saved.is_file() or not has_checkpoint(run_dir):
+    if not has_checkpoint(run_dir):
         return False
-    try:
-        before = saved_settings(saved)
-    except (RecipeError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return False  # not a recipe this version reads: the run is trained again
-    changes = recipe_changes(before, recipe.to_dict())
+    changes = changes_since(run_dir, recipe) or []
     return bool(changes) and all(
         key in BUDGET_KEYS and isinstance(old, int) and isinstance(new, int) and 0 < old < new
         for key, old, new in changes
