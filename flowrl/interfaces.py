@@ -136,6 +136,9 @@ class Backbone(Component, ABC):
     """
 
     nfe: int = 0
+    # the transformer's layers a recipe's ``[lora]`` adapts when it omits ``target_modules`` (suffixes of module
+    # names): a base overrides it with the projections its published LoRA recipes adapt
+    lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
     device: torch.device = torch.device("cpu")
     forward_s: float = 0.0  # seconds spent in transformer forwards (for the time-outside-the-model share)
     module: nn.Module  # what velocity() calls: the transformer, or the trainer's distributed wrapper of it

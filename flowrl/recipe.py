@@ -164,13 +164,21 @@ def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), sou
         schedule=settings["schedule"],
         optim=settings["optim"],
         trainer=settings["trainer"],
-        lora=settings["lora"] if "lora" in data else None,
+        lora=_with_base_targets(settings["lora"], parts) if "lora" in data else None,
         source=source,
     )
     problems = list(cross_checks(recipe))
     if problems:
         raise RecipeError(source, problems)
     return recipe
+
+
+def _with_base_targets(lora: LoraConfig, parts: dict[str, Part]) -> LoraConfig:
+    """``[lora]`` with ``target_modules`` filled in from the backbone's ``lora_targets`` when the recipe omits it
+    (so the resolved recipe, validate's module check and the adapters all see one explicit list)."""
+    if lora.target_modules is not None:
+        return lora
+    return attrs.evolve(lora, target_modules=tuple(parts["backbone"].cls.lora_targets))
 
 
 def _schedule_from_sampler(data: dict[str, Any], problems: list[tuple[str, str]]) -> None:

@@ -114,6 +114,8 @@ class LoraConfig:
     rank: int = attrs.field(default=32, validator=positive)
     alpha: float = attrs.field(default=64.0, validator=positive)
     dropout: float = attrs.field(default=0.0, validator=[ge(0), le(1)])
-    target_modules: tuple[str, ...] = attrs.field(  # module names (or name suffixes) that get adapters
-        default=("to_q", "to_k", "to_v", "to_out.0"), validator=attrs.validators.min_len(1)
+    # module names (or name suffixes) that get adapters; omitted: the backbone's own list (``lora_targets``, the
+    # projections that base's published LoRA recipes adapt), filled in when the recipe loads
+    target_modules: tuple[str, ...] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.min_len(1))
     )

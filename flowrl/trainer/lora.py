@@ -10,9 +10,15 @@ from torch import nn
 from flowrl.settings import LoraConfig
 
 
-def add_lora(transformer: nn.Module, config: LoraConfig) -> None:
-    """Freeze the transformer and attach trainable LoRA adapters to ``config.target_modules``."""
+def add_lora(transformer: nn.Module, config: LoraConfig, default_targets: tuple[str, ...] | None = None) -> None:
+    """Freeze the transformer and attach trainable LoRA adapters to ``config.target_modules`` (a recipe fills them
+    in from its backbone's ``lora_targets``; a config built directly without them uses ``default_targets``, else
+    the attention projections every diffusers transformer has)."""
     from peft import LoraConfig as PeftLoraConfig
+
+    from flowrl.interfaces import Backbone
+
+    targets = config.target_modules or default_targets or Backbone.lora_targets
 
     transformer.requires_grad_(False)
     transformer.add_adapter(  # type: ignore[operator]
@@ -21,7 +27,7 @@ def add_lora(transformer: nn.Module, config: LoraConfig) -> None:
             lora_alpha=config.alpha,
             lora_dropout=config.dropout,
             init_lora_weights="gaussian",
-            target_modules=list(config.target_modules),
+            target_modules=list(targets),
         )
     )
 
