@@ -137,3 +137,23 @@ def test_every_error_the_user_must_fix_is_a_user_error() -> None:
                 found[name] = issubclass(cls, UserError)
     assert len(found) >= 12, found
     assert {name for name, user in found.items() if not user} == internal, found
+
+
+# A package never imports the packages that load it: the command line loads the bench's and pretraining's
+# commands, and the bench's reports sit beside the run report, which must not need the bench.
+_NEVER_UPWARD = {"flowrl.bench": ("flowrl.cli",), "flowrl.pretrain": ("flowrl.cli",), "flowrl.report": ("flowrl.bench",)}
+
+
+def test_no_package_imports_the_one_above_it() -> None:
+    paths = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in (ROOT / "flowrl").rglob("*.py")
+    }
+    upward = []
+    for module, path in paths.items():
+        for package, above in _NEVER_UPWARD.items():
+            if module == package or module.startswith(package + "."):
+                upward += [f"{module} -> {dep}" for dep in sorted(_imports(path, module, set(paths)))
+                           if any(dep == a or dep.startswith(a + ".") for a in above)]
+    assert len(paths) > 50  # the walk found the modules
+    assert not upward, "imports up the layers:\n" + "\n".join(upward)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from flowrl.cli.options import ExistingPath, KeyValue, OutputFolder, Seeds, Text, Whole
+from flowrl.option_kinds import ExistingPath, KeyValue, OutputFolder, Seeds, Text, Whole
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

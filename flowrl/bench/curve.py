@@ -7,7 +7,6 @@ its evaluations and held at its first / last value outside them.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,12 +14,6 @@ from typing import Any
 from flowrl.bench.stats import standard_error
 
 _TOLERANCE = 1e-12
-
-
-def finite_number(value: Any) -> float | None:
-    """``value`` as a float if it is a finite int or float (not a bool), else ``None``."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.bench.compare import AXES, SIGNIFICANCE, has_axis, pairwise, reach_levels, reach_ratios
-from flowrl.bench.curve import finite_number, mean_curve, stats, x_to_reach
+from flowrl.bench.curve import mean_curve, stats, x_to_reach
 from flowrl.bench.errors import BenchError
+from flowrl.finite import finite_number
 
 DEFAULT_METRIC = "eval/score"
 FINAL_EVAL = "final_eval.json"  # the harness's evaluation after the last iteration (a run folder file)

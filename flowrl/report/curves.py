@@ -9,7 +9,7 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flowrl.bench.curve import finite_number
+from flowrl.finite import finite_number
 
 # (panel title, metric keys or key prefixes ending in "/"): a panel is drawn when any of its keys is logged.
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
