@@ -8,6 +8,7 @@ from flowrl import (  # noqa: F401
     selectors,
 )
 from flowrl.backbones import flux, sd3, tiny_flux, tiny_sd3  # noqa: F401
+from flowrl.backbones import tiny_wan, wan  # noqa: F401
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
     hps,
