@@ -31,5 +31,12 @@ fi
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
+# The distribution was called `flowrl` before it became `flowrl-grpo` (that name on the package index is another
+# project's): an editable install under the old name, and its metadata folder here, would stay beside the new one
+# (their entry points read twice), so they go first. -I: pip must not take ./flowrl.egg-info for an install.
+if .venv/bin/python -I -m pip show -q flowrl >/dev/null 2>&1; then
+  .venv/bin/python -I -m pip uninstall -q -y flowrl
+fi
+rm -rf flowrl.egg-info
 .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[test,dev]"
 echo "$WANT" > "$STAMP"
