@@ -7,8 +7,7 @@ from flowrl import (  # noqa: F401
     prompts,
     selectors,
 )
-from flowrl.backbones import flux, sd3, tiny_flux, tiny_sd3  # noqa: F401
-from flowrl.backbones import tiny_wan, wan  # noqa: F401
+from flowrl.backbones import flux, flux2, sd3, tiny_flux, tiny_flux2, tiny_sd3, tiny_wan, wan  # noqa: F401
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
     hps,
