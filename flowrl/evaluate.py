@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from flowrl.interfaces import Backbone, RewardError, RewardModel
+from flowrl.rewards.frames import eval_pictures
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import walk
 from flowrl.types import Plan, Schedule, Unit
@@ -58,7 +59,7 @@ def sample_images(
 
 def _figures(name: str, model: RewardModel, images: Tensor, prompts: list[str]) -> dict[str, float]:
     try:
-        return model.eval_metrics(images, prompts)
+        return eval_pictures(model, images, prompts)  # a clip: over its chosen frames (or the clip)
     except Exception as error:
         raise RewardError(
             f"reward '{name}' ({type(model).__name__}) failed: {type(error).__name__}: {error}"

@@ -174,7 +174,8 @@ class Backbone(Component, ABC):
 
     @abstractmethod
     def decode(self, x: Tensor) -> Tensor:
-        """Images ``(B, 3, H, W)`` in [0, 1] from final latents."""
+        """Images ``(B, 3, H, W)`` in [0, 1] from final latents; a video backbone gives clips ``(B, F, 3, H, W)``
+        (frames-major: ``clip[:, f]`` is a batch of images; :mod:`flowrl.video`)."""
 
     def reference_policy(self) -> AbstractContextManager[None]:
         """Inside this context the backbone evaluates the base (initial) policy; the trainer installs it."""
@@ -251,7 +252,15 @@ class RewardError(UserError, RuntimeError):
 
 
 class RewardModel(Component, ABC):
-    """Scores images against prompts, batched. Higher is better."""
+    """Scores images against prompts, batched. Higher is better.
+
+    Video: a reward with ``video = True`` receives whole clips ``(B, F, 3, H, W)``; any other reward scores a
+    clip as the mean over the frames its ``frames`` chooses (set from the recipe's ``[[reward]] frames``; None:
+    8 evenly spaced; :mod:`flowrl.rewards.frames`).
+    """
+
+    video: bool = False  # scores whole clips (B, F, 3, H, W) rather than images
+    frames: Any = None  # which frames of a clip an image reward scores (flowrl.video.frame_indices)
 
     def check(self) -> None:
         """Fail early (before any model loads) when weights or extras are missing."""

@@ -20,6 +20,7 @@ import torch
 from flowrl.entropy import jump_std
 from flowrl.evaluate import sample_images
 from flowrl.interfaces import Backbone, RewardModel
+from flowrl.rewards.frames import score_pictures
 from flowrl.types import Plan, RewardBatch, Schedule, Unit
 
 
@@ -50,7 +51,7 @@ def reward_profile(
     rows = []
     for i in range(schedule.num_steps):
         images = one_step_images(backbone, prompts, schedule, i, group, seed)
-        scores = {name: model.score(images, repeated).double() for name, _, model in rewards}
+        scores = {name: score_pictures(model, images, repeated).double() for name, _, model in rewards}
         spread = RewardBatch(scores=scores, weights=weights).total.reshape(len(prompts), group).numpy().std(axis=1)
         rows.append(
             {

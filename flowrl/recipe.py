@@ -20,6 +20,7 @@ from flowrl.interfaces import ForwardProcessLoss
 from flowrl.registry import RegistryError, registry
 from flowrl.settings import LoraConfig, OptimConfig, ScheduleConfig, TrainerConfig
 from flowrl.update_modes import update_checks
+from flowrl.video import frame_choice_problem
 
 # Recipe table -> registry kind; every one of these tables is required.
 COMPONENT_TABLES = ("backbone", "prompts", "selector", "sampler", "kernel", "advantage", "loss")
@@ -61,9 +62,17 @@ class Part:
 class RewardPart(Part):
     weight: float = 1.0
     name: str = ""
+    frames: Any = None  # which frames of a video clip an image reward scores (None: the default choice)
+
+    def build(self) -> Any:
+        model = self.cls(self.config)
+        if self.frames is not None:
+            model.frames = self.frames
+        return model
 
     def to_table(self) -> dict[str, Any]:
-        return {"type": self.type, "weight": self.weight, "name": self.name, **unstructure(self.config)}
+        table = {"type": self.type, "weight": self.weight, "name": self.name, **unstructure(self.config)}
+        return table if self.frames is None else {**table, "frames": unstructure(self.frames)}
 
 
 @attrs.frozen
@@ -274,12 +283,18 @@ def _resolve_rewards(specs: Any, problems: list[tuple[str, str]]) -> list[Reward
         spec = dict(spec)
         weight = spec.pop("weight", 1.0)
         name = spec.pop("name", spec.get("type", ""))
+        frames = spec.pop("frames", None)
         if not isinstance(weight, int | float) or isinstance(weight, bool) or not math.isfinite(weight):
             problems.append((f"{path}.weight", f"expected a finite number, got {weight!r}"))
             continue
+        why = frame_choice_problem(frames)
+        if why is not None:
+            problems.append((f"{path}.frames", why))
+            continue
         part = _resolve_part("reward", spec, path, problems)
         if part is not None:
-            rewards.append(RewardPart(part.type, part.cls, part.config, float(weight), str(name)))
+            frames = tuple(frames) if isinstance(frames, list) else frames
+            rewards.append(RewardPart(part.type, part.cls, part.config, float(weight), str(name), frames))
     return rewards
 
 

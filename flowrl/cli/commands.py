@@ -131,14 +131,25 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def sample(args: argparse.Namespace) -> int:
     from flowrl.loading import load_policy
-    from flowrl.trainer.logger import save_grid_png
+    from flowrl.trainer.logger import save_grid_animation, save_grid_png
+    from flowrl.video import ANIMATION_SUFFIXES, is_clip
 
     loaded = load_policy(Path(args.path), checkpoint=args.checkpoint)
     print(loaded.describe(), file=sys.stderr)
     prompts = [p for p in args.prompt for _ in range(args.per_prompt)]
     images = loaded.images(prompts, seed=args.seed)
-    save_grid_png(images, rows=len(args.prompt), path=Path(args.out))
-    print(f"wrote {args.out} ({len(prompts)} images)")
+    out = Path(args.out)
+    if not is_clip(images):
+        if out.suffix.lower() != ".png":
+            raise UserError(f"--out {args.out}: this model makes images; write them as a .png grid")
+        save_grid_png(images, rows=len(args.prompt), path=out)
+        print(f"wrote {args.out} ({len(prompts)} images)")
+        return 0
+    # a video base: the animated grid (.webp unless .gif was asked for) and the frame grid (.png) beside it
+    animated = out if out.suffix.lower() in ANIMATION_SUFFIXES else out.with_suffix(".webp")
+    save_grid_animation(images, rows=len(args.prompt), path=animated)
+    save_grid_png(images, rows=len(args.prompt), path=animated.with_suffix(".png"))
+    print(f"wrote {animated} and {animated.with_suffix('.png')} ({len(prompts)} clips of {images.shape[1]} frames)")
     return 0
 
 

@@ -82,11 +82,15 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=SEED, default=0)
     e.set_defaults(func=commands.evaluate)
 
-    sm = sub.add_parser("sample", help="generate a PNG grid with a run's or checkpoint's weights")
+    sm = sub.add_parser(
+        "sample", help="generate a PNG grid (a video model: an animated grid too) with a run's or checkpoint's weights"
+    )
     sm.add_argument("path", type=ANY_PATH, help="run folder, checkpoint folder, or a recipe (its initial policy)")
     sm.add_argument("--prompt", action="append", required=True, type=Text(), help="a prompt (repeat for several)")
     sm.add_argument("--per-prompt", type=COUNT, default=4, help="images per prompt (default 4)")
-    sm.add_argument("--out", default="samples.png", type=OutputFile(".png"), help="the PNG grid (default samples.png)")
+    sm.add_argument("--out", default="samples.png", type=OutputFile(".png", ".webp", ".gif"),
+                    help="the PNG grid (default samples.png); a video model writes the animated grid (.webp or .gif)"
+                    " and the frame grid (.png) beside it")
     sm.add_argument("--seed", type=SEED, default=0)
     sm.add_argument("--checkpoint", type=Checkpoint(), default="last", help=CHECKPOINT_HELP)
     sm.set_defaults(func=commands.sample)
@@ -116,9 +120,11 @@ def parser() -> argparse.ArgumentParser:
 
     from flowrl.bench.cli import configure as configure_bench
     from flowrl.pretrain.cli import configure as configure_pretrain
+    from flowrl.serve.cli import configure as configure_serve
 
     configure_pretrain(sub.add_parser("pretrain", help="pre-train the embedded world's base model by flow matching"))
     configure_bench(sub.add_parser("bench", help="run recipes x seeds on the embedded benchmark; write a report"))
+    configure_serve(sub.add_parser("serve", help="serve a reward over HTTP (for [[reward]] type = \"remote\")"))
     return p
 
 

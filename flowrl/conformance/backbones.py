@@ -60,7 +60,8 @@ def check_backbone(
     - ``velocity_and_entropy``, where the backbone has it: the same velocity, an entropy ``(B,)`` finite and
       non-negative, and its forwards counted;
     - ``schedule_sigmas(steps, shift)`` falls strictly from 1 to 0 in ``steps`` steps, for every ``grids`` pair;
-    - ``decode`` gives finite images ``(B, 3, H, W)`` in [0, 1], deterministic and independent per latent;
+    - ``decode`` gives finite images ``(B, 3, H, W)`` (a video backbone: clips ``(B, F, 3, H, W)``) in [0, 1],
+      deterministic and independent per latent;
     - a second instance from ``make``, loaded with the first one's ``state_dict()``, gives the same velocity
       (the reference policy and a resumed run are rebuilt from the config).
     """
@@ -130,8 +131,10 @@ def check_backbone(
     _schedules(backbone, grids)
 
     images = backbone.decode(x)
-    require(images.dim() == 4 and images.shape[:2] == (n, 3) and finite(images), backbone,
-            f"decode must give finite images ({n}, 3, H, W), got {tuple(images.shape)}")
+    pictures = images.dim() == 4 and images.shape[:2] == (n, 3)
+    clips = images.dim() == 5 and images.shape[0] == n and images.shape[2] == 3 and images.shape[1] >= 1
+    require((pictures or clips) and finite(images), backbone,
+            f"decode must give finite images ({n}, 3, H, W) or clips ({n}, F, 3, H, W), got {tuple(images.shape)}")
     require(float(images.min()) >= 0 and float(images.max()) <= 1, backbone, "decoded images must lie in [0, 1]")
     require(torch.equal(images, backbone.decode(x)), backbone, "decode is not deterministic")
     one_by_one = torch.cat([backbone.decode(x[i : i + 1]) for i in range(n)])

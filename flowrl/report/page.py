@@ -47,9 +47,17 @@ th { text-align: left; } .panels img { width: 400px; margin: 4px; }
 """
 
 
-def _png(data: bytes, alt: str) -> str:
+def _png(data: bytes, alt: str, kind: str = "png") -> str:
     encoded = base64.b64encode(data).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}">'
+    return f'<img alt="{html.escape(alt)}" src="data:image/{kind};base64,{encoded}">'
+
+
+def _grid(path: Path, alt: str) -> str:
+    """A sample grid: the animated clips (``.webp`` beside the PNG, a video base's) where written, else the PNG."""
+    animated = path.with_suffix(".webp")
+    if animated.is_file():
+        return _png(animated.read_bytes(), alt, "webp") + _png(path.read_bytes(), alt + " (frames)")
+    return _png(path.read_bytes(), alt)
 
 
 def alert_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
@@ -155,7 +163,7 @@ def render(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> str:
             names = [line for line in listed.read_text(encoding="utf-8").splitlines() if line]
             parts.append("<ol class=\"prompts\">" + "".join(f"<li>{html.escape(n)}</li>" for n in names) + "</ol>")
         for step, path in grids:
-            parts.append(f'<div class="grid">iteration {step}{_png(path.read_bytes(), f"samples at {step}")}</div>')
+            parts.append(f'<div class="grid">iteration {step}{_grid(path, f"samples at {step}")}</div>')
     else:
         parts.append("<p>None written (they are saved at each evaluation when trainer.image_every &gt; 0).</p>")
     parts += ["<h2>Resolved recipe</h2>", f"<pre>{html.escape(recipe) or '(no recipe.toml)'}</pre>", "</body></html>"]

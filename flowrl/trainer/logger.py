@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from flowrl.trainer.runfolder import read_metrics
+from flowrl.video import as_stills, is_clip
 
 
 class RunLogger:
@@ -55,7 +56,9 @@ class RunLogger:
 
 
 def image_grid(images: Tensor, rows: int) -> Tensor:
-    """``(B, 3, H, W)`` to one ``(3, rows*H, cols*W)`` grid (row-major)."""
+    """``(B, 3, H, W)`` to one ``(3, rows*H, cols*W)`` grid (row-major); clips ``(B, F, 3, H, W)`` show a few
+    frames side by side each (:func:`flowrl.video.as_stills`)."""
+    images = as_stills(images)
     b, c, h, w = images.shape
     rows = max(1, min(rows, b))
     cols = math.ceil(b / rows)
@@ -77,9 +80,21 @@ def save_grid_png(images: Tensor, rows: int, path: Path, scale: int = 4) -> None
     image.save(path)
 
 
+def save_grid_animation(clips: Tensor, rows: int, path: Path, scale: int = 4) -> None:
+    """Write clips ``(B, F, 3, H, W)`` as one animated grid (WebP or GIF by ``path``'s suffix): its frame ``f``
+    is the grid of every clip's frame ``f``."""
+    from flowrl.video import write_animation
+
+    frames = torch.stack([image_grid(clips[:, f], rows) for f in range(clips.shape[1])])
+    write_animation(frames, path, scale=scale)
+
+
 def write_grid(grid: tuple[Tensor, list[str]], file: Path) -> None:
-    """Write a row of sample images and, beside it, ``prompts.txt`` with their prompts (one per line)."""
+    """Write a row of sample images and, beside it, ``prompts.txt`` with their prompts (one per line); for clips
+    also the animated row beside the PNG (the same name, ``.webp``)."""
     images, prompts = grid
     file.parent.mkdir(parents=True, exist_ok=True)
     save_grid_png(images, rows=1, path=file)
+    if is_clip(images):
+        save_grid_animation(images, rows=1, path=file.with_suffix(".webp"))
     (file.parent / "prompts.txt").write_text("".join(p + "\n" for p in prompts), encoding="utf-8")

@@ -6,6 +6,7 @@ import torch
 
 from flowrl.interfaces import RewardError, RewardModel
 from flowrl.recipe import Recipe
+from flowrl.rewards.frames import score_pictures
 from flowrl.types import RewardBatch, Rollout
 
 
@@ -24,7 +25,7 @@ def score_rollout(rewards: list[tuple[str, float, RewardModel]], rollout: Rollou
     scores = {}
     for name, _, reward in rewards:
         try:
-            raw = reward.score(images, texts)
+            raw = score_pictures(reward, images, texts)  # a clip: the mean over its frames (or the clip)
         except Exception as error:
             failure = f"{type(error).__name__}: {error}"
             raise RewardError(f"reward '{name}' ({type(reward).__name__}) failed: {failure}") from error

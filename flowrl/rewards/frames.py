@@ -1,0 +1,42 @@
+"""Rewards of video clips: an image reward scores a clip as the mean over some of its frames; a reward that
+declares itself a video reward (``RewardModel.video = True``) gets the whole clip ``(B, F, 3, H, W)``.
+
+Which frames: the reward's ``frames`` (a recipe's ``[[reward]] frames``: a count evenly spaced, a list of
+indices, or ``"all"``; :func:`flowrl.video.frame_indices`). Images ``(B, 3, H, W)`` pass through unchanged, so
+every caller that scores a rollout's or an evaluation's pictures goes through these two functions.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from flowrl.interfaces import RewardModel
+from flowrl.video import frame_indices, is_clip
+
+
+def _frames(model: RewardModel, clips: Tensor, prompts: list[str]) -> tuple[Tensor, list[str], int]:
+    """The chosen frames of every clip as one image batch (clip-major), their prompts, and frames per clip."""
+    chosen = frame_indices(clips.shape[1], getattr(model, "frames", None))
+    b, k = clips.shape[0], len(chosen)
+    images = clips[:, chosen].reshape(b * k, *clips.shape[2:])
+    return images, [p for p in prompts for _ in range(k)], k
+
+
+def score_pictures(model: RewardModel, images: Tensor, prompts: list[str]) -> Tensor:
+    """``model.score`` of images, of whole clips for a video reward, else the mean over each clip's frames."""
+    if not is_clip(images) or model.video:
+        return model.score(images, prompts)
+    frames, repeated, k = _frames(model, images, prompts)
+    scores = model.score(frames, repeated)
+    if not isinstance(scores, Tensor) or scores.shape != (frames.shape[0],):
+        return scores  # the caller reports the wrong type or shape
+    return scores.reshape(images.shape[0], k).mean(1)
+
+
+def eval_pictures(model: RewardModel, images: Tensor, prompts: list[str]) -> dict[str, float]:
+    """``model.eval_metrics`` of images or whole clips (a video reward), else of the clips' chosen frames with
+    each clip's prompt: figures that are means over images become means over every chosen frame."""
+    if not is_clip(images) or model.video:
+        return model.eval_metrics(images, prompts)
+    frames, repeated, _ = _frames(model, images, prompts)
+    return model.eval_metrics(frames, repeated)
