@@ -198,7 +198,7 @@ class Rollout:
 
     prompts: list[str]  # P distinct prompts
     cond: Conditioning  # P rows
-    images: Tensor  # (R, 3, H, W) in [0, 1]
+    images: Tensor  # (R, 3, H, W) in [0, 1]; a video backbone's clips: (R, F, 3, H, W)
     rollout_prompt: Tensor  # (R,) long
     group: Tensor  # (R,) long
     transitions: Transitions

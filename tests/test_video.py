@@ -131,3 +131,12 @@ def test_held_out_clips_are_written_and_shown_animated(tmp_path: Path) -> None:
     write_grid((clips[:, 0], ["a cat", "a dog"]), tmp_path / "images" / "step_3.png")  # images: a PNG only
     assert not (tmp_path / "images" / "step_3.webp").exists()
     assert _grid(tmp_path / "images" / "step_3.png", "x").count("<img") == 1
+
+
+def test_rollout_health_measures_clips_over_every_frame() -> None:
+    from flowrl.trainer.health import rollout_health
+
+    clips = _clips(4, 3, side=8)
+    group, advantages = torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, -1.0, 0.0, 0.0])
+    as_images = rollout_health(clips.flatten(1, 2), group, advantages)  # frames as channels: the same pixels
+    assert rollout_health(clips, group, advantages) == as_images and as_images["health/zero_spread"] == 0.5

@@ -30,9 +30,11 @@ ZERO = 1e-6  # advantages within this of 0 count as zero
 def rollout_health(images: Tensor, group: Tensor, advantages: Tensor) -> dict[str, float]:
     """``health/diversity`` and ``health/zero_spread`` of one rollout batch.
 
-    ``images`` (R, 3, H, W) in [0, 1]; ``group`` (R,) the group id of each image; ``advantages`` (R,) its
-    advantage. Groups of one image count for neither figure."""
+    ``images`` (R, 3, H, W) in [0, 1] (or clips (R, F, 3, H, W)); ``group`` (R,) the group id of each image;
+    ``advantages`` (R,) its advantage. Groups of one image count for neither figure."""
     pixels, advantages = images.detach().float().cpu(), advantages.detach().float().cpu()
+    if pixels.dim() == 5:  # clips (R, F, 3, H, W): every frame's pixels count
+        pixels = pixels.flatten(1, 2)
     if max(pixels.shape[-2:]) > POOLED:
         pixels = torch.nn.functional.adaptive_avg_pool2d(pixels, POOLED)
     flat = pixels.flatten(1)
