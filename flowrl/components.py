@@ -7,7 +7,18 @@ from flowrl import (  # noqa: F401
     prompts,
     selectors,
 )
-from flowrl.backbones import flux, flux2, sd3, tiny_flux, tiny_flux2, tiny_sd3, tiny_wan, wan  # noqa: F401
+from flowrl.backbones import (  # noqa: F401
+    flux,
+    flux2,
+    qwen_image,
+    sd3,
+    tiny_flux,
+    tiny_flux2,
+    tiny_qwen_image,
+    tiny_sd3,
+    tiny_wan,
+    wan,
+)
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
     hps,

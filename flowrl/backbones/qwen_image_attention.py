@@ -1,0 +1,187 @@
+"""Attention-entropy probe for diffusers' Qwen-Image transformer (AEGPO, arXiv 2602.06825).
+
+As for FLUX (:mod:`flowrl.backbones.flux_attention`): fused attention never materialises the softmax, so a
+probe pass swaps the chosen blocks' processors for :class:`QwenEntropyProbeProcessor`, which computes the
+attention output exactly as ``QwenDoubleStreamAttnProcessor2_0`` does (same projections, norms, RoPE and
+fused kernel: the velocity is unchanged) and, on the side, the entropy of image-query rows' softmax over
+the keys with an explicit, chunked fp32 softmax under ``no_grad``.
+
+Qwen-Image specifics: the joint sequence is ``[text; image]``; padded text tokens (the
+``encoder_hidden_states_mask`` of a batch of prompts of different lengths) are no keys, so they are left
+out of the softmax and of the ``log K`` normalisation, row by row. With true CFG the probe watches the
+conditional forward only (the negative prompt's forward runs unprobed): the entropy is the prompt's.
+
+The processor mirrors ``QwenDoubleStreamAttnProcessor2_0.__call__`` of diffusers 0.42 and uses its module's
+``apply_rotary_emb_qwen``; ``tests/test_qwen_image.py`` pins the probed velocity to the unprobed one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_qwenimage import (
+    QwenDoubleStreamAttnProcessor2_0,
+    apply_rotary_emb_qwen,
+)
+from torch import Tensor, nn
+
+from flowrl.backbones.attention_options import AttentionEntropyOptions
+from flowrl.backbones.flux_attention import EntropyRecorder, unwrap
+
+if TYPE_CHECKING:
+    from flowrl.backbones.qwen_image import QwenImageAdapter
+    from flowrl.types import Conditioning
+
+
+def masked_softmax_entropy(
+    query: Tensor, key: Tensor, key_mask: Tensor | None, chunk_size: int, normalise: bool
+) -> Tensor:
+    """Mean softmax entropy of each query row over the unmasked keys, per batch row ``(B,)``.
+
+    ``query`` ``(B, Q, H, D)``, ``key`` ``(B, K, H, D)``, ``key_mask`` ``(B, K)`` bool (None: every key);
+    scale ``1/sqrt(D)`` as in scaled-dot-product attention; fp32, ``chunk_size`` query rows at a time; the
+    mean over query rows and heads, divided by ``log`` of the row's key count when ``normalise``.
+    """
+    b, q_len, heads, dim = query.shape
+    k = key.float().transpose(1, 2)  # (B, H, K, D)
+    keep = None if key_mask is None else key_mask.bool()[:, None, None, :]
+    scale = 1.0 / math.sqrt(dim)
+    total = torch.zeros(b, dtype=torch.float32, device=query.device)
+    with torch.no_grad(), torch.autocast(device_type=query.device.type, enabled=False):
+        for start in range(0, q_len, chunk_size):
+            q = query[:, start : start + chunk_size].float().transpose(1, 2)  # (B, H, c, D)
+            logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+            if keep is not None:
+                logits = logits.masked_fill(~keep, float("-inf"))
+            logp = torch.log_softmax(logits, dim=-1)
+            plogp = logp.exp() * logp
+            if keep is not None:
+                plogp = plogp.masked_fill(~keep, 0.0)  # 0 log 0 = 0 for a masked key
+            total += -plogp.sum(-1).sum((1, 2))
+    entropy = total / (q_len * heads)
+    if normalise:
+        n_keys = torch.full((b,), key.shape[1], device=query.device) if key_mask is None else key_mask.sum(1)
+        logk = torch.log(n_keys.float())
+        entropy = torch.where(n_keys > 1, entropy / logk.clamp_min(1e-12), torch.zeros_like(entropy))
+    return entropy
+
+
+class QwenEntropyProbeProcessor(QwenDoubleStreamAttnProcessor2_0):
+    """``QwenDoubleStreamAttnProcessor2_0`` that also records the softmax entropy of image-query rows."""
+
+    def __init__(self, recorder: EntropyRecorder, layer: int, options: AttentionEntropyOptions) -> None:
+        super().__init__()
+        self.recorder, self.layer, self.options = recorder, layer, options
+
+    def __call__(  # noqa: D102
+        self,
+        attn: Any,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        encoder_hidden_states_mask: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        image_rotary_emb: Any = None,
+    ) -> tuple[Tensor, Tensor]:
+        if encoder_hidden_states is None or attention_mask is not None:
+            raise ValueError("the Qwen-Image probe needs the text stream and builds the joint mask itself")
+        key_mask = None
+        if encoder_hidden_states_mask is not None:
+            image_mask = torch.ones(hidden_states.shape[:2], dtype=torch.bool, device=hidden_states.device)
+            key_mask = torch.cat([encoder_hidden_states_mask.bool(), image_mask], dim=1)
+            attention_mask = key_mask[:, None, None, :]
+        seq_txt = encoder_hidden_states.shape[1]
+        head_dim = attn.inner_dim // attn.heads
+
+        def heads(t: Tensor) -> Tensor:
+            return t.unflatten(-1, (-1, head_dim))
+
+        img_q, img_k, img_v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(
+            attn.to_v(hidden_states))  # fmt: skip
+        txt_q, txt_k, txt_v = (heads(attn.add_q_proj(encoder_hidden_states)), heads(attn.add_k_proj(
+            encoder_hidden_states)), heads(attn.add_v_proj(encoder_hidden_states)))  # fmt: skip
+        if attn.norm_q is not None:
+            img_q = attn.norm_q(img_q)
+        if attn.norm_k is not None:
+            img_k = attn.norm_k(img_k)
+        if attn.norm_added_q is not None:
+            txt_q = attn.norm_added_q(txt_q)
+        if attn.norm_added_k is not None:
+            txt_k = attn.norm_added_k(txt_k)
+        if image_rotary_emb is not None:
+            img_freqs, txt_freqs = image_rotary_emb
+            img_q = apply_rotary_emb_qwen(img_q, img_freqs, use_real=False)
+            img_k = apply_rotary_emb_qwen(img_k, img_freqs, use_real=False)
+            txt_q = apply_rotary_emb_qwen(txt_q, txt_freqs, use_real=False)
+            txt_k = apply_rotary_emb_qwen(txt_k, txt_freqs, use_real=False)
+        query, key = torch.cat([txt_q, img_q], dim=1), torch.cat([txt_k, img_k], dim=1)
+        value = torch.cat([txt_v, img_v], dim=1)
+        self._record(query, key, key_mask, seq_txt)
+        out = dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )  # fmt: skip
+        out = out.flatten(2, 3).to(query.dtype)
+        txt_out, img_out = out[:, :seq_txt], out[:, seq_txt:]
+        img_out = attn.to_out[0](img_out.contiguous())
+        if len(attn.to_out) > 1:
+            img_out = attn.to_out[1](img_out)
+        return img_out, attn.to_add_out(txt_out.contiguous())
+
+    def _record(self, query: Tensor, key: Tensor, key_mask: Tensor | None, seq_txt: int) -> None:
+        o = self.options
+        image_queries = query[:, seq_txt :: o.query_stride]
+        if o.keys == "text":
+            key, key_mask = key[:, :seq_txt], (None if key_mask is None else key_mask[:, :seq_txt])
+        self.recorder.add(self.layer, masked_softmax_entropy(image_queries, key, key_mask, o.chunk_size, o.normalise))
+
+
+def attention_modules(transformer: nn.Module) -> list[Any]:
+    """The joint attention module of every dual-stream block, in order."""
+    blocks = list(getattr(transformer, "transformer_blocks", ()))
+    if not blocks:
+        raise TypeError(f"{type(transformer).__name__} has no Qwen-Image transformer blocks to probe")
+    return [block.attn for block in blocks]
+
+
+@contextmanager
+def entropy_probe(
+    transformer: nn.Module, options: AttentionEntropyOptions, recorder: EntropyRecorder
+) -> Iterator[None]:
+    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
+    modules = attention_modules(unwrap(transformer))
+    chosen = options.layers or tuple(range(len(modules)))
+    bad = [i for i in chosen if i >= len(modules)]
+    if bad:
+        raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} attention modules")
+    originals = {i: modules[i].processor for i in chosen}
+    try:
+        for i in chosen:
+            old = originals[i]
+            base = QwenDoubleStreamAttnProcessor2_0
+            if not isinstance(old, base) or type(old).__call__ is not base.__call__:
+                raise NotImplementedError(
+                    f"attention layer {i} uses {type(old).__name__}; the probe replaces only {base.__name__}"
+                )
+            probe = QwenEntropyProbeProcessor(recorder, i, options)
+            probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
+            modules[i].set_processor(probe)
+        yield
+    finally:
+        for i, old in originals.items():
+            modules[i].set_processor(old)
+
+
+def velocity_and_entropy(
+    adapter: QwenImageAdapter, x: Tensor, s: Tensor, cond: Conditioning, options: AttentionEntropyOptions | None
+) -> tuple[Tensor, Tensor]:
+    """The (guided) velocity and the conditional forward's entropy ``(B,)``, counted in ``adapter.nfe``."""
+    options = options or AttentionEntropyOptions()
+    recorder = EntropyRecorder()
+    with torch.no_grad():
+        v = adapter.guided_velocity(x, s, cond, lambda: entropy_probe(adapter.module, options, recorder))
+    return v, recorder.entropy()

@@ -1,0 +1,225 @@
+"""A tiny random-weight Qwen-Image pipeline built locally (no hub, no download), and ``tiny_qwen_image``.
+
+:func:`tiny_qwen_image_pipeline` assembles a complete ``diffusers.QwenImagePipeline`` from small configs: a
+``QwenImageTransformer2DModel``, a ``Qwen2_5_VLForConditionalGeneration`` text encoder (two text layers and
+a one-block vision tower, which the text path never runs but the class builds), an ``AutoencoderKLQwenImage``
+(Qwen-Image's causal 3-D VAE, two spatial halvings), the word-level tokenizer of
+:mod:`flowrl.backbones.qwen_tokenizer` (it cuts the pipeline's chat template where the pipeline expects)
+and a ``FlowMatchEulerDiscreteScheduler`` with Qwen-Image's published scheduler settings (dynamic shift,
+exponential time shift, terminal level 0.02), so the tiny twin samples on the same kind of grid. Everything
+is float32 and builds in well under a second; it saves with ``save_pretrained`` and loads with
+``QwenImagePipeline.from_pretrained(folder, local_files_only=True)`` (the ``qwen_image`` backbone with
+``path = folder``).
+
+Widths: the text encoder's hidden size is the transformer's ``joint_attention_dim``; the VAE's ``z_dim``
+latent channels are packed 2x2, so the transformer has ``4 z_dim`` input channels and ``z_dim`` output
+channels per patch pixel; ``axes_dims_rope`` must sum to ``attention_head_dim``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import torch
+from attrs.validators import ge, gt, in_
+
+from flowrl.backbones.checks import spec_problems
+from flowrl.backbones.qwen_image import DTYPES, GRIDS, QwenImageAdapter, config_problems
+from flowrl.registry import register
+
+_SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
+# Qwen/Qwen-Image's scheduler/scheduler_config.json (the values that differ from the class defaults)
+QWEN_IMAGE_SCHEDULER = {
+    "base_image_seq_len": 256,
+    "base_shift": 0.5,
+    "max_image_seq_len": 8192,
+    "max_shift": 0.9,
+    "shift": 1.0,
+    "shift_terminal": 0.02,
+    "time_shift_type": "exponential",
+    "use_dynamic_shifting": True,
+}
+
+
+@attrs.frozen
+class TinyQwenImageSpec:
+    """Sizes of a tiny Qwen-Image pipeline (the VAE halves the image twice; 2x2 latent patches per token)."""
+
+    image_size: int = attrs.field(default=32, validator=gt(0))
+    num_layers: int = attrs.field(default=2, validator=gt(0))
+    attention_head_dim: int = attrs.field(default=16, validator=gt(0))
+    num_attention_heads: int = attrs.field(default=2, validator=gt(0))
+    axes_dims_rope: tuple[int, int, int] = attrs.field(default=(8, 4, 4), converter=tuple)
+    text_width: int = attrs.field(default=16, validator=gt(0))  # Qwen2.5-VL hidden size = joint_attention_dim
+    text_layers: int = attrs.field(default=2, validator=gt(0))
+    text_heads: int = attrs.field(default=2, validator=gt(0))
+    latent_channels: int = attrs.field(default=4, validator=gt(0))  # the VAE's z_dim
+    vae_base_dim: int = attrs.field(default=8, validator=gt(0))
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.axes_dims_rope) != 3 or any(d % 2 for d in self.axes_dims_rope):
+            raise ValueError(f"axes_dims_rope must be three even numbers, got {self.axes_dims_rope}")
+        if sum(self.axes_dims_rope) != self.attention_head_dim:
+            raise ValueError(
+                f"axes_dims_rope {self.axes_dims_rope} must sum to attention_head_dim {self.attention_head_dim}"
+            )
+        head = self.text_width // self.text_heads
+        if self.text_width % self.text_heads or head % 4:
+            raise ValueError(f"text_width {self.text_width} / text_heads {self.text_heads} must be a multiple of 4")
+        if self.image_size % self.token_factor:
+            raise ValueError(f"image_size {self.image_size} must be a multiple of {self.token_factor}")
+
+    @property
+    def vae_scale_factor(self) -> int:
+        return 4  # two spatial halvings (temperal_downsample has two entries)
+
+    @property
+    def token_factor(self) -> int:
+        """Pixels per transformer token along one side."""
+        return 2 * self.vae_scale_factor
+
+
+def _transformer(spec: TinyQwenImageSpec) -> Any:
+    from diffusers import QwenImageTransformer2DModel
+
+    return QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=4 * spec.latent_channels,
+        out_channels=spec.latent_channels,
+        num_layers=spec.num_layers,
+        attention_head_dim=spec.attention_head_dim,
+        num_attention_heads=spec.num_attention_heads,
+        joint_attention_dim=spec.text_width,
+        guidance_embeds=False,
+        axes_dims_rope=spec.axes_dims_rope,
+    )
+
+
+def _text_encoder(spec: TinyQwenImageSpec, vocab_size: int) -> Any:
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from flowrl.backbones.qwen_tokenizer import IM_END_ID, PAD_ID
+
+    # the multimodal RoPE's sections split half a head's width over (time, height, width)
+    half = spec.text_width // spec.text_heads // 2
+    sections = [half // 4, half // 4, half - 2 * (half // 4)]
+    ids = {"bos_token_id": None, "eos_token_id": IM_END_ID, "pad_token_id": PAD_ID}
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": vocab_size,
+            "hidden_size": spec.text_width,
+            "intermediate_size": 2 * spec.text_width,
+            "num_hidden_layers": spec.text_layers,
+            "num_attention_heads": spec.text_heads,
+            "num_key_value_heads": spec.text_heads,
+            "rope_scaling": {"mrope_section": sections, "rope_type": "default", "type": "default"},
+            "rope_theta": 1000000.0,
+            **ids,
+        },
+        vision_config={"depth": 1, "hidden_size": 8, "intermediate_size": 8, "num_heads": 1,
+                       "out_hidden_size": spec.text_width},
+        # ids beyond the vocabulary: no text token is ever taken for an image or video placeholder
+        image_token_id=vocab_size, video_token_id=vocab_size + 1,
+        vision_start_token_id=vocab_size + 2, vision_end_token_id=vocab_size + 3,
+        **ids,
+    )  # fmt: skip
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _vae(spec: TinyQwenImageSpec) -> Any:
+    from diffusers import AutoencoderKLQwenImage
+
+    c = spec.latent_channels
+    return AutoencoderKLQwenImage(
+        base_dim=spec.vae_base_dim,
+        z_dim=c,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        # not 0 and 1, so that decode's unnormalising is exercised
+        latents_mean=[0.1 * (i % 3) - 0.1 for i in range(c)],
+        latents_std=[1.0 + 0.25 * (i % 2) for i in range(c)],
+    )
+
+
+def tiny_qwen_image_pipeline(spec: TinyQwenImageSpec, words: Sequence[str] | None = None, seed: int = 0) -> Any:
+    """A randomly initialised float32 ``QwenImagePipeline``; deterministic given ``seed``."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    from flowrl.backbones.qwen_tokenizer import build_qwen_word_tokenizer
+    from flowrl.backbones.tokenizer import DEFAULT_WORDS
+
+    tokenizer = build_qwen_word_tokenizer(DEFAULT_WORDS if words is None else words)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        modules: dict[str, Any] = {}
+        builders = {
+            "transformer": lambda: _transformer(spec),
+            "text_encoder": lambda: _text_encoder(spec, len(tokenizer)),
+            "vae": lambda: _vae(spec),
+        }
+        for name, build in builders.items():
+            torch.manual_seed(seed * 1000 + _SEED_OFFSETS[name])
+            modules[name] = build().eval()
+    finally:
+        torch.set_default_dtype(previous)
+    return QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), tokenizer=tokenizer, **modules
+    )
+
+
+def save_tiny_qwen_image(
+    spec: TinyQwenImageSpec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0
+) -> Path:
+    """Build :func:`tiny_qwen_image_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tiny_qwen_image_pipeline(spec, words=words, seed=seed).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@register("backbone", "tiny_qwen_image")
+class TinyQwenImage(QwenImageAdapter):
+    """A tiny random-weight QwenImagePipeline (real diffusers and transformers classes, built locally)."""
+
+    @attrs.frozen
+    class Config:
+        seed: int = attrs.field(default=0, validator=ge(0))  # weight initialisation seed
+        resolution: int = attrs.field(default=32, validator=gt(0))  # image side in pixels (multiple of 8)
+        num_layers: int = attrs.field(default=2, validator=gt(0))  # dual-stream transformer blocks
+        attention_head_dim: int = attrs.field(default=16, validator=gt(0))
+        num_attention_heads: int = attrs.field(default=2, validator=gt(0))
+        axes_dims_rope: tuple[int, int, int] = (8, 4, 4)  # must sum to attention_head_dim
+        max_sequence_length: int = attrs.field(default=32, validator=gt(0))  # prompt tokens after the template
+        true_cfg_scale: float = attrs.field(default=4.0, validator=ge(1.0))  # true CFG scale; 1 disables it
+        negative_prompt: str = " "  # the negative branch's prompt (encoded once)
+        grid: Literal["diffusers", "uniform"] = attrs.field(default="diffusers", validator=in_(GRIDS))
+        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+
+    @staticmethod
+    def spec(c: Any) -> TinyQwenImageSpec:
+        return TinyQwenImageSpec(
+            image_size=c.resolution,
+            num_layers=c.num_layers,
+            attention_head_dim=c.attention_head_dim,
+            num_attention_heads=c.num_attention_heads,
+            axes_dims_rope=c.axes_dims_rope,
+        )
+
+    @staticmethod
+    def check_config(config: Config) -> list[tuple[str, str]]:
+        return [*spec_problems(TinyQwenImage.spec, config), *config_problems(config)]
+
+    @staticmethod
+    def transformer_on_meta(config: Any) -> Any:
+        """The transformer without weights (flowrl.backbones.module_names)."""
+        from flowrl.backbones.module_names import on_meta
+
+        return on_meta(lambda: _transformer(TinyQwenImage.spec(config)))
+
+    def load_pipeline(self) -> Any:
+        return tiny_qwen_image_pipeline(self.spec(self.config), seed=self.config.seed)
