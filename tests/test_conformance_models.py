@@ -116,6 +116,10 @@ def saved(kind: str) -> str:
         from flowrl.backbones.tiny import TinyFluxSpec, save_tiny_flux
 
         save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1), folder)
+    elif kind == "wan":
+        from flowrl.backbones.tiny_wan import TinyWanSpec, save_tiny_wan
+
+        save_tiny_wan(TinyWanSpec(), folder)
     else:
         from flowrl.backbones.tiny_sd3 import TinySD3Spec, save_tiny_sd3
 
@@ -130,11 +134,14 @@ BACKBONES: dict[str, Any] = {
     "tiny_flux": lambda: {"resolution": 16, "num_layers": 1, "num_single_layers": 1},
     "tiny_sd3": lambda: {"resolution": 16},
     "world_tiny": lambda: {},
+    # the recipes' frame sizes replaced by SMALL's side; their num_frames, CFG and grid kept
+    "wan": lambda: {"path": saved("wan"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
+    "tiny_wan": lambda: {"resolution": 16, "num_frames": 5},
 }
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "sd3"):
+    if name in ("flux", "sd3", "wan"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
     check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)
