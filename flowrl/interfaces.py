@@ -37,6 +37,9 @@ class Component:
     Config: Any
     registered_name: str = ""  # the name it was registered under (set by the registry)
     needs_reference: bool = False  # the part reads the initial policy (a KL term, a probe): the trainer keeps one
+    # optional backbone capabilities the part calls (protocols such as AttentionEntropyProbe): a recipe whose
+    # backbone lacks one is refused when it loads, naming the part, the capability and the backbones offering it
+    needs_backbone: tuple[type, ...] = ()
 
     def __init__(self, config: Any) -> None:
         self.config = config

@@ -210,6 +210,27 @@ def _schedule_from_sampler(data: dict[str, Any], problems: list[tuple[str, str]]
         del sampler[key]
 
 
+def offers(backbone: type, capability: type) -> bool:
+    """Whether a backbone class defines every method of a capability protocol (without building it)."""
+    methods = [name for name in vars(capability) if not name.startswith("_") and callable(vars(capability)[name])]
+    return all(callable(getattr(backbone, name, None)) for name in methods)
+
+
+def capability_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
+    """Each part's ``needs_backbone`` capabilities against the recipe's backbone class."""
+    backbone = recipe.parts["backbone"]
+    for table, part in recipe.parts.items():
+        for capability in getattr(part.cls, "needs_backbone", ()):
+            if offers(backbone.cls, capability):
+                continue
+            able = [name for name, cls in registry("backbone").items() if offers(cls, capability)]
+            yield (
+                table,
+                f"{table} '{part.type}' needs {capability.__name__}, which backbone '{backbone.type}' does not offer"
+                f" (backbones that do: {', '.join(able) or 'none'})",
+            )
+
+
 def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
     """Checks that span tables: group size, steps within the schedule, reward names."""
     sampler = recipe.parts["sampler"].config
@@ -235,6 +256,7 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
         why = f"loss {recipe.parts['loss'].type!r} keeps a lagged copy of the weights, which sharded runs lack"
         yield ("trainer.sharding", f"{why}; use 'none'")
     yield from update_checks(recipe)
+    yield from capability_checks(recipe)
     for table, part in recipe.parts.items():
         yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_config(part.config))
     for i, reward in enumerate(recipe.rewards):

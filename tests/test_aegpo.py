@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,19 @@ def test_allocation_over_other_hosts(name: str, extra: list[str], tmp_path: Path
     assert all(2 <= g <= 6 for s in sizes for g in s)
     if name == "aegpo_nft":
         assert "nft/r_mean" in rows[0]  # DiffusionNFT's own loss trained
+
+
+def test_validate_refuses_aegpo_on_a_backbone_without_the_probe(tmp_path: Path) -> None:
+    """The capability is checked when the recipe loads (flowrl validate, exit 2), before any model is built."""
+    del tmp_path
+    text = (ROOT / "recipes" / "aegpo.toml").read_text()
+    data = tomllib.loads(text)
+    data["backbone"] = {"type": "tiny_sd3", "resolution": 16}
+    with pytest.raises(RecipeError) as caught:
+        recipe_from_dict(data, source="aegpo-on-sd3.toml")
+    message = str(caught.value)
+    assert "[selector] selector 'aegpo_topk' needs AttentionEntropyProbe, which backbone 'tiny_sd3'" in message
+    assert "[sampler] sampler 'aegpo_allocate' needs AttentionEntropyProbe" in message
+    assert "tiny_flux" in message.split("backbones that do: ")[1]
+    data["backbone"] = {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1}
+    recipe_from_dict(data)  # a FLUX backbone offers it

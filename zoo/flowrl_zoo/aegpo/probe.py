@@ -25,9 +25,13 @@ def velocity_and_entropy(
     """Velocity and attention entropy ``(B,)`` at one step: one probed forward of a backbone that offers
     the capability (:class:`flowrl.interfaces.AttentionEntropyProbe`)."""
     if not isinstance(backbone, AttentionEntropyProbe):
+        from flowrl.recipe import offers
+        from flowrl.registry import registry
+
+        able = ", ".join(name for name, cls in registry("backbone").items() if offers(cls, AttentionEntropyProbe))
         raise UserError(
             f"AEGPO measures attention entropy, which backbone '{backbone.registered_name or type(backbone).__name__}'"
-            " does not expose; use a FLUX backbone (flux, tiny_flux, world_tiny)"
+            f" does not expose; use a backbone that does ({able})"
         )
     return backbone.velocity_and_entropy(x, s, cond, options)
 

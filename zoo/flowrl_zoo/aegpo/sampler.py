@@ -11,6 +11,7 @@ from attrs.validators import ge, gt, in_, optional
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, build, register, registry
 from flowrl.backbones.attention_options import AttentionEntropyOptions
 from flowrl.config import ConfigError, structure, unstructure
+from flowrl.interfaces import AttentionEntropyProbe
 from flowrl.registry import RegistryError
 from flowrl.rng import RolloutRNG
 from flowrl_zoo.aegpo.allocation import delta_entropy, group_sizes
@@ -63,6 +64,8 @@ class EntropyAllocation(RolloutSampler):
     reused from the ``aegpo_topk`` selector's probe when it measured the same thing, else probed here.
     The host gets ``plan.group_sizes``; its loss, kernel and estimator are unchanged.
     """
+
+    needs_backbone = (AttentionEntropyProbe,)  # it probes attention entropy
 
     needs_reference = True  # the trainer installs a reference policy (LoRA off, or a frozen copy)
 

@@ -11,6 +11,7 @@ from attrs.validators import ge, in_
 from flowrl import Backbone, Plan, Schedule, TimestepSelector, Unit, register
 from flowrl.backbones.attention_options import AttentionEntropyOptions
 from flowrl.entropy import jump_std, merged_entropy
+from flowrl.interfaces import AttentionEntropyProbe
 from flowrl_zoo.aegpo.probe import entropy_curves
 
 PROBE_INFO = "aegpo/probe"  # plan.info key: the per-prompt curves, shared with aegpo_allocate
@@ -54,6 +55,8 @@ class AttentionEntropyTopK(TimestepSelector):
     units (``single``: merge 1; ``egrpo``: E-GRPO's merged jump from each chosen step), all trained,
     non-overlapping.
     """
+
+    needs_backbone = (AttentionEntropyProbe,)  # it probes attention entropy
 
     @attrs.frozen
     class Config:
