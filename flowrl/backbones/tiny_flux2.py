@@ -33,7 +33,7 @@ from attrs.validators import ge, gt, in_
 
 from flowrl.backbones.checks import spec_problems
 from flowrl.backbones.flux import DTYPES
-from flowrl.backbones.flux2 import GRIDS, Flux2Adapter
+from flowrl.backbones.flux2 import BASE_TARGETS, GRIDS, Flux2Adapter, single_block_outputs
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
@@ -214,6 +214,10 @@ def save_tiny_flux2(spec: TinyFlux2Spec, folder: str | Path, words: Sequence[str
 @register("backbone", "tiny_flux2")
 class TinyFlux2(Flux2Adapter):
     """A tiny random-weight FLUX.2 pipeline (klein, klein-base or dev; real diffusers classes, built locally)."""
+
+    # the published list's form for the default two single blocks (lora_targets is one list per class; a
+    # model with fewer single blocks is told at validate which entry selects nothing)
+    lora_targets = BASE_TARGETS + single_block_outputs(2)
 
     @attrs.frozen
     class Config:
