@@ -18,6 +18,11 @@ def add_lora(transformer: nn.Module, config: LoraConfig, default_targets: tuple[
 
     from flowrl.interfaces import Backbone
 
+    if config.init:  # an existing LoRA: its own rank, alpha and layers, its weights (flowrl.backbones.lora_import)
+        from flowrl.backbones.lora_import import attach_lora_file
+
+        attach_lora_file(transformer, config.init, config.dropout)
+        return
     targets = config.target_modules or default_targets or Backbone.lora_targets
 
     transformer.requires_grad_(False)
