@@ -116,6 +116,10 @@ def saved(kind: str) -> str:
         from flowrl.backbones.tiny import TinyFluxSpec, save_tiny_flux
 
         save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1), folder)
+    elif kind == "flux2":  # the recipes' FLUX.2-dev class (Flux2Pipeline, embedded guidance)
+        from flowrl.backbones.tiny_flux2 import TinyFlux2Spec, save_tiny_flux2
+
+        save_tiny_flux2(TinyFlux2Spec(variant="dev", image_size=16), folder)
     elif kind == "wan":
         from flowrl.backbones.tiny_wan import TinyWanSpec, save_tiny_wan
 
@@ -137,11 +141,13 @@ BACKBONES: dict[str, Any] = {
     # the recipes' frame sizes replaced by SMALL's side; their num_frames, CFG and grid kept
     "wan": lambda: {"path": saved("wan"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
     "tiny_wan": lambda: {"resolution": 16, "num_frames": 5},
+    "flux2": lambda: {"path": saved("flux2"), **SMALL, "dtype": "float32"},
+    "tiny_flux2": lambda: {"resolution": 16},  # klein-base: CFG with the frozen negative branch
 }
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "sd3", "wan"):
+    if name in ("flux", "sd3", "wan", "flux2"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
     check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)
