@@ -25,6 +25,7 @@ from flowrl.rewards import (  # noqa: F401
     imagereward,
     jpeg,  # noqa: F401
     ocr,
+    remote,
 )
 from flowrl.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401

@@ -30,7 +30,8 @@ def test_ls_lists_every_kind_with_summaries() -> None:
 
 
 def test_validate_shipped_recipes() -> None:
-    recipes = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "recipes").glob("*.toml"))
+    # a served reward's recipe needs its server running: tests/test_serve.py validates it with one
+    recipes = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "recipes").glob("*.toml") if "remote" not in p.stem)
     out = flowrl_cli("validate", *recipes)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -50,6 +50,7 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "ocr": ({}, (0.0, 1.0), ("rapidocr_onnxruntime",)),
     "pickscore": ({"model": CLIP, "processor": CLIP, "device": "cpu"}, None, ()),
     "world_verifier": ({}, (0.0, 1.0), ()),
+    "remote": ({}, (0.0, 1.0), ()),  # the world verifier, served on 127.0.0.1 in a thread (served_verifier)
 }
 FLOAT32_TOL, REDUCED_TOL = 1e-4, 3e-2  # see flowrl.conformance.backbones.TOLERANCE
 SCENES = enumerate_scenes("train")[:200:50]  # a single object and relations, all in the tiny models' words
@@ -63,6 +64,21 @@ def images() -> torch.Tensor:
     return out
 
 
+@functools.cache
+def served_verifier() -> str:
+    """The address of a `flowrl serve world_verifier` application in a daemon thread (lives as long as the tests)."""
+    from served import reward_in_thread
+
+    from flowrl.world.components import WorldVerifier
+
+    context = reward_in_thread(WorldVerifier(WorldVerifier.Config()), "world_verifier", max_body_bytes=1 << 26)
+    _SERVERS.append(context)  # held: a collected context manager would stop its server
+    return context.__enter__().url
+
+
+_SERVERS: list[Any] = []
+
+
 def reward_prompts(name: str) -> list[str]:
     return ['a sign that says "OPEN"'] * len(SCENES) if name == "ocr" else list(WORLD_PROMPTS)
 
@@ -70,6 +86,8 @@ def reward_prompts(name: str) -> list[str]:
 def local_reward(name: str, settings: dict[str, Any]) -> tuple[Any, tuple[float, float] | None]:
     """The reward with ``settings`` and the local weights, and its documented bounds after rescaling."""
     local, bounds, modules = REWARDS[name]
+    if name == "remote":
+        local = {**local, "url": served_verifier(), "retries": 0}
     for module in modules:
         if not has_module(module):
             pytest.skip(f"reward '{name}' needs {module} (its extra; nox -s extras)")

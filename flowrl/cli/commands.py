@@ -44,12 +44,14 @@ def train(args: argparse.Namespace) -> int:
 
 def validate(args: argparse.Namespace) -> int:
     from flowrl.backbones.module_names import lora_target_problems
+    from flowrl.rewards.remote import server_problems
 
     failed = 0
     for path in args.recipes:
         try:
             recipe = load_recipe(path, args.set)
             problems = list(lora_target_problems(recipe))  # what building the model would refuse, without weights
+            problems += server_problems(recipe)  # a served reward's server must answer
             if problems:
                 raise RecipeError(recipe.source, problems)
             print(f"ok  {path}")

@@ -134,7 +134,7 @@ class Trainer:
                 self.keep_best(figures)  # the initial weights: checkpoints/best exists once an evaluation ran
             while not self.finished():
                 nfe = self.nfe
-                metrics = self.iteration()
+                metrics = self.checkpoints.restart.run(self)  # self.iteration(); see flowrl.trainer.restart
                 bar.update(self.nfe - nfe if by_nfe else 1)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.4f}", nfe=self.nfe)
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:

@@ -30,6 +30,7 @@ from flowrl.trainer.errors import BestMetricError, NonFiniteError
 from flowrl.trainer.heldout import Grid
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.restart import RestartPoint
 from flowrl.trainer.runfolder import check_history
 from flowrl.trainer.sharding import merge_slices
 
@@ -63,6 +64,7 @@ class RunCheckpoints:
     ) -> None:
         self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, policy.accelerator
         self.components, self.grid = components, grid
+        self.restart = RestartPoint(components, self.save, self.accelerator.num_processes)  # a served reward down
 
     def save(self, counters: dict[str, Any]) -> Path | None:
         """Write ``checkpoints/step_N`` (the main process; every process takes part when sharded: the weights
