@@ -20,6 +20,7 @@ the Wan 2.2 TI2V VAE). Conventions, as ``WanPipeline.__call__`` of diffusers 0.4
 ``num_frames = 1`` (one latent frame: DanceGRPO's image-mode Wan recipe) it returns images ``(B, 3, H, W)``.
 Wan 2.2 TI2V (``expand_timesteps``) is supported for text-to-video: the timestep is given per token, as the
 pipeline does. Wan 2.2 A14B's second expert (``transformer_2`` with ``boundary_ratio``) is refused at load.
+AEGPO's attention-entropy probe is :mod:`flowrl.backbones.wan_attention`.
 """
 
 from __future__ import annotations
@@ -216,6 +217,13 @@ class WanAdapter(Backbone):
             both = self._forward(torch.cat([x, x]), torch.cat([t, t]), torch.cat([u_embeds, embeds]))
             v_uncond, v_cond = both.chunk(2)
         return v_uncond + float(self.config.guidance_scale) * (v_cond - v_uncond)
+
+    def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
+        """AEGPO's probe (:mod:`flowrl.backbones.wan_attention`): the velocity and the softmax entropy ``(B,)`` of
+        the video-query rows of self-attention (``options.keys = "all"``) or cross-attention (``"text"``)."""
+        from flowrl.backbones.wan_attention import velocity_and_entropy
+
+        return velocity_and_entropy(self, x, s, cond, options)
 
     def decode(self, x: Tensor) -> Tensor:
         """Clips ``(B, F, 3, H, W)`` in [0, 1]; images ``(B, 3, H, W)`` when ``num_frames = 1``."""

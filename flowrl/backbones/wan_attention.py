@@ -1,0 +1,119 @@
+"""Attention-entropy probe for diffusers' Wan transformer (AEGPO, arXiv 2602.06825).
+
+Wan has no joint text-image attention: each block runs self-attention over the video tokens (``attn1``) and
+then cross-attention from the video tokens to the prompt's UMT5 states (``attn2``). The probe maps AEGPO's key
+choice onto them: ``keys = "all"`` measures the self-attention rows (every video query over every video key,
+after the q/k RMS norm and the 3-D rotary embedding), ``keys = "text"`` the cross-attention rows (every video
+query over the prompt's tokens, padding included, as the model attends to them).
+
+A probe pass swaps the chosen layers' ``WanAttnProcessor`` for :class:`WanEntropyProbeProcessor`, which lets
+the original processor compute the layer's output (so the velocity is unchanged, bit for bit) and, on the
+side and without gradient, recomputes the layer's queries and keys to record the softmax entropy
+(:func:`flowrl.backbones.flux_attention.softmax_entropy`). It uses one private helper of diffusers 0.42
+(``transformer_wan._get_qkv_projections``); ``tests/test_wan.py`` pins it. With classifier-free guidance the
+entropy is the conditional rows' (the batched ``[uncond; cond]`` forward's second half).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
+from torch import Tensor, nn
+
+from flowrl.backbones.attention_options import AttentionEntropyOptions
+from flowrl.backbones.flux_attention import EntropyRecorder, softmax_entropy, unwrap
+
+if TYPE_CHECKING:
+    from flowrl.backbones.wan import WanAdapter
+    from flowrl.types import Conditioning
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Wan's rotary embedding: each (even, odd) channel pair of ``x`` ``(B, S, H, D)`` turned by the angle whose
+    cosine and sine ``cos`` / ``sin`` ``(1, S, 1, D)`` hold (repeated per pair, as WanRotaryPosEmbed stores them)."""
+    even, odd = x[..., 0::2].float(), x[..., 1::2].float()
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
+
+
+class WanEntropyProbeProcessor(WanAttnProcessor):
+    """``WanAttnProcessor`` that also records the softmax entropy of this layer's video-query rows."""
+
+    def __init__(self, recorder: EntropyRecorder, layer: int, options: AttentionEntropyOptions) -> None:
+        super().__init__()
+        self.recorder, self.layer, self.options = recorder, layer, options
+
+    def __call__(  # noqa: D102
+        self,
+        attn: Any,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        rotary_emb: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        if attention_mask is not None:
+            raise NotImplementedError("the attention-entropy probe does not support attention masks")
+        with torch.no_grad():
+            query, key, _ = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+            query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
+            key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+            if rotary_emb is not None:  # self-attention only: cross-attention has no positions
+                query, key = rotate(query, *rotary_emb), rotate(key, *rotary_emb)
+            o = self.options
+            entropy = softmax_entropy(query[:, :: o.query_stride], key, o.chunk_size, o.normalise)
+        self.recorder.add(self.layer, entropy)
+        return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+
+
+def attention_modules(transformer: nn.Module, keys: str) -> list[Any]:
+    """One attention module per block: self-attention (``keys = "all"``) or cross-attention (``"text"``)."""
+    blocks = getattr(transformer, "blocks", None)
+    if not blocks:
+        raise TypeError(f"{type(transformer).__name__} has no Wan transformer blocks to probe")
+    modules = [block.attn2 if keys == "text" else block.attn1 for block in blocks]
+    if any(m.add_k_proj is not None for m in modules):
+        raise NotImplementedError("the attention-entropy probe does not support image-to-video Wan (image context)")
+    return modules
+
+
+@contextmanager
+def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions) -> Iterator[EntropyRecorder]:
+    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
+    modules = attention_modules(unwrap(transformer), options.keys)
+    chosen = options.layers or tuple(range(len(modules)))
+    bad = [i for i in chosen if i >= len(modules)]
+    if bad:
+        raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} blocks")
+    recorder = EntropyRecorder()
+    originals = {i: modules[i].processor for i in chosen}
+    try:
+        for i in chosen:
+            old = originals[i]
+            if type(old) is not WanAttnProcessor:
+                raise NotImplementedError(
+                    f"attention layer {i} uses {type(old).__name__}; the probe replaces only WanAttnProcessor"
+                )
+            probe = WanEntropyProbeProcessor(recorder, i, options)
+            probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
+            modules[i].set_processor(probe)
+        yield recorder
+    finally:
+        for i, old in originals.items():
+            modules[i].set_processor(old)
+
+
+def velocity_and_entropy(
+    adapter: WanAdapter, x: Tensor, s: Tensor, cond: Conditioning, options: AttentionEntropyOptions | None
+) -> tuple[Tensor, Tensor]:
+    """One probed velocity (counted in ``adapter.nfe`` as usual): the velocity and the entropy ``(B,)`` of the
+    conditional rows."""
+    options = options or AttentionEntropyOptions()
+    with torch.no_grad(), entropy_probe(adapter.module, options) as recorder:
+        v = adapter.velocity(x, s, cond)
+    entropy = recorder.entropy()
+    n = int(x.shape[0])
+    return v, entropy[-n:]  # guided: rows [uncond; cond], the conditional half
