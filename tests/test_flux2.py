@@ -387,3 +387,23 @@ def test_exported_lora_loads_into_the_flux2_pipeline(tmp_path: Path, variant: Li
     assert diff <= 1e-4
     fresh.unload_lora_weights()
     assert float((ours - sample()).abs().max()) > 100 * max(diff, 1e-6)  # the trained LoRA matters
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_bfloat16_trains_with_fp32_velocities(lora: bool) -> None:
+    """bf16 transformer weights + fp32 trainable weights (LoRA, or a full fine-tune's master weights) under autocast."""
+    backbone = _backbone(resolution=16, dtype="bfloat16")
+    transformer = backbone.transformer
+    if lora:
+        add_lora(transformer, LoraConfig(rank=4), TinyFlux2.lora_targets)
+        assert {p.dtype for p in transformer.parameters() if not p.requires_grad} == {torch.bfloat16}
+    else:
+        transformer.requires_grad_(True)
+    trained = [p for p in transformer.parameters() if p.requires_grad]
+    for p in trained:  # what the trainer does
+        p.data = p.data.float()
+    x = backbone.noise(2, torch.Generator().manual_seed(0))
+    v = backbone.velocity(x, torch.tensor([0.9, 0.3]), backbone.encode(["a cat", "a dog"]))
+    assert v.dtype == torch.float32 and bool(torch.isfinite(v).all())
+    v.square().mean().backward()
+    assert sum(float(p.grad.abs().sum()) for p in trained if p.grad is not None) > 0
