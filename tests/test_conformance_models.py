@@ -138,6 +138,10 @@ def saved(kind: str) -> str:
         from flowrl.backbones.tiny_flux2 import TinyFlux2Spec, save_tiny_flux2
 
         save_tiny_flux2(TinyFlux2Spec(variant="dev", image_size=16), folder)
+    elif kind == "qwen_image":
+        from flowrl.backbones.tiny_qwen_image import TinyQwenImageSpec, save_tiny_qwen_image
+
+        save_tiny_qwen_image(TinyQwenImageSpec(image_size=16), folder)
     elif kind == "wan":
         from flowrl.backbones.tiny_wan import TinyWanSpec, save_tiny_wan
 
@@ -161,11 +165,13 @@ BACKBONES: dict[str, Any] = {
     "tiny_wan": lambda: {"resolution": 16, "num_frames": 5},
     "flux2": lambda: {"path": saved("flux2"), **SMALL, "dtype": "float32"},
     "tiny_flux2": lambda: {"resolution": 16},  # klein-base: CFG with the frozen negative branch
+    "qwen_image": lambda: {"path": saved("qwen_image"), **SMALL, "dtype": "float32"},
+    "tiny_qwen_image": lambda: {"resolution": 16},  # true CFG with the norm rescale, the pipeline's grid
 }
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "sd3", "wan", "flux2"):
+    if name in ("flux", "sd3", "wan", "flux2", "qwen_image"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
     check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)
