@@ -23,7 +23,7 @@ Everything is float32 and deterministic for a seed; ``save_pretrained`` folders 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +47,10 @@ CHAT_TEMPLATE = (
 )
 
 
+def _ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
 @attrs.frozen
 class TinyFlux2Spec:
     """Sizes of a tiny FLUX.2 pipeline. The VAE halves the image ``len(vae_block_out_channels) - 1`` times; the
@@ -60,12 +64,12 @@ class TinyFlux2Spec:
     num_single_layers: int = attrs.field(default=2, validator=ge(0))  # single-stream blocks
     attention_head_dim: int = attrs.field(default=16, validator=gt(0))
     num_attention_heads: int = attrs.field(default=2, validator=gt(0))
-    axes_dims_rope: tuple[int, ...] = attrs.field(default=(4, 4, 4, 4), converter=tuple)  # (t, h, w, l)
+    axes_dims_rope: tuple[int, ...] = attrs.field(default=(4, 4, 4, 4), converter=_ints)  # (t, h, w, l)
     text_hidden: int = attrs.field(default=16, validator=gt(0))  # text encoder width
     text_heads: int = attrs.field(default=2, validator=gt(0))
     max_length: int = attrs.field(default=16, validator=gt(2))  # prompt tokens
     latent_channels: int = attrs.field(default=4, validator=gt(0))
-    vae_block_out_channels: tuple[int, ...] = attrs.field(default=(8, 16), converter=tuple)
+    vae_block_out_channels: tuple[int, ...] = attrs.field(default=(8, 16), converter=_ints)
 
     def __attrs_post_init__(self) -> None:
         if len(self.axes_dims_rope) != 4 or any(d % 2 for d in self.axes_dims_rope):
@@ -237,6 +241,9 @@ class TinyFlux2(Flux2Adapter):
 
     @staticmethod
     def spec(c: Any) -> TinyFlux2Spec:
+        if c.attention_head_dim % 8:
+            raise ValueError(f"attention_head_dim {c.attention_head_dim} must be a multiple of 8 (four even rope axes)")
+        quarter = int(c.attention_head_dim) // 4
         return TinyFlux2Spec(
             variant=c.variant,
             distilled=c.distilled,
@@ -245,6 +252,8 @@ class TinyFlux2(Flux2Adapter):
             num_single_layers=c.num_single_layers,
             attention_head_dim=c.attention_head_dim,
             num_attention_heads=c.num_attention_heads,
+            # FLUX.2's rotary split: four equal parts of the head (32 each for the real 128-wide heads)
+            axes_dims_rope=(quarter, quarter, quarter, quarter),
             max_length=c.max_sequence_length,
         )
 
