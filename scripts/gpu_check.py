@@ -1,6 +1,6 @@
 """GPU smoke check: a few training iterations of random-weight FLUX-class (and SD3) models in bf16.
 
-    python scripts/gpu_check.py                           # CUDA: tiny FLUX, tiny SD3, ~1B FLUX (minutes)
+    python scripts/gpu_check.py                           # CUDA: tiny models, ~1B FLUX, the 2026 bases (minutes)
     python scripts/gpu_check.py --device cpu --tiny-only  # the same code path on a CPU (seconds)
 
 Every model is built locally from a config (no download, random weights) and trained through the shared
@@ -89,6 +89,29 @@ def mid_flux_class() -> type:
     return MidFlux
 
 
+def paper_scale_cases(attention: str) -> list[tuple[str, dict[str, Any]]]:
+    """The 2026 bases at their published recipes' token counts, random weights, LoRA as the recipes train them.
+
+    The tiny twins' VAEs downsample less than the real ones, so each resolution here gives the transformer the
+    token count of the real model at the recipe's resolution: Qwen-Image 512 px (VAE 8 x patch 2: 32 x 32 = 1,024
+    tokens; the twin's 8 px a token: 256 px), FLUX.2 at 1024 px (64 x 64 = 4,096 tokens; the twin's 4 px a token:
+    256 px), Wan 2.1 at 240 x 416 with 33 frames (9 latent frames of 15 x 26 tokens = 3,510; the twin's 8 px a
+    token and WanPipeline's multiple of 16: 128 x 208, 16 x 26 tokens a frame, 3,744 in all). Widths of 1,536 (12 heads of 128) and 8 to 12 blocks: 0.5-1.5B parameters, enough for the
+    GPU's kernels to dominate as they do at full size; steps, group and guidance are the recipes'.
+    """
+    wide = {"attention_head_dim": 128, "num_attention_heads": 12, "dtype": "bfloat16", "max_sequence_length": 64}
+    qwen = {"type": "tiny_qwen_image", "resolution": 256, "num_layers": 8, "axes_dims_rope": [16, 56, 56],
+            "true_cfg_scale": 4.0, **wide}
+    flux2 = {"type": "tiny_flux2", "resolution": 256, "num_layers": 4, "num_single_layers": 8, **wide}
+    wan = {"type": "tiny_wan", "resolution": 128, "height": 128, "width": 208, "num_frames": 33, "num_layers": 8,
+           "guidance_scale": 4.5, **wide}
+    return [
+        ("qwen_image_512", recipe(qwen, lora=True, steps=10, group=4, attention=attention)),
+        ("flux2_1024", recipe(flux2, lora=True, steps=8, group=4, attention=attention)),
+        ("wan_33x240x416", recipe(wan, lora=True, steps=20, group=2, attention=attention)),
+    ]
+
+
 def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int, attention: str = "no-cudnn") -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": "gpu_check",
@@ -120,28 +143,54 @@ def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int, attenti
     return data
 
 
+def pipeline_call(backbone: Any) -> tuple[dict[str, Any], int] | None:
+    """The diffusers pipeline's own call settings for this backbone's config (guidance as the adapter applies
+    it) and the transformer rows one latent costs a step (2 with classifier-free guidance); None for pipelines
+    the baseline does not time."""
+    name, config = type(backbone.pipe).__name__, backbone.config
+    height = getattr(config, "height", 0) or config.resolution
+    width = getattr(config, "width", 0) or config.resolution
+    size = {"height": height, "width": width, "max_sequence_length": config.max_sequence_length}
+    if name == "FluxPipeline":
+        return {**size, "num_images_per_prompt": None, "guidance_scale": getattr(config, "guidance", 3.5)}, 1
+    if name == "QwenImagePipeline":
+        cfg = float(config.true_cfg_scale)
+        extra = {"true_cfg_scale": cfg, "negative_prompt": config.negative_prompt if cfg > 1 else None}
+        return {**size, "num_images_per_prompt": None, **extra}, 2 if cfg > 1 else 1
+    if name in ("Flux2Pipeline", "Flux2KleinPipeline"):
+        guided = name == "Flux2KleinPipeline" and not backbone.pipe.config.is_distilled and config.guidance_scale > 1
+        return {**size, "num_images_per_prompt": None, "guidance_scale": config.guidance_scale}, 2 if guided else 1
+    if name == "WanPipeline":
+        cfg = float(config.guidance_scale)
+        extra = {"num_frames": config.num_frames, "guidance_scale": cfg, "negative_prompt": config.negative_prompt}
+        return {**size, "num_videos_per_prompt": None, **extra}, 2 if cfg > 1 else 1
+    return None
+
+
 def diffusers_rows_per_s(trainer: Any, data: dict[str, Any], repeats: int = 2) -> float | None:
-    """Transformer rows per second of the model's own diffusers ``FluxPipeline.__call__`` with the rollout's
-    batch (prompts x group), steps, resolution and precision (bf16 autocast, decoded images as flowrl's
-    rollouts decode them); None for other pipelines. The first call warms up and is not timed."""
+    """Transformer rows per second of the model's own diffusers pipeline (``__call__``: FLUX.1, Qwen-Image,
+    FLUX.2, Wan) with the rollout's batch (prompts x group), steps, resolution, guidance and precision (bf16
+    autocast, decoded images as flowrl's rollouts decode them); None for other pipelines. The first call warms
+    up and is not timed."""
     import torch
 
     pipe = getattr(trainer.backbone, "pipe", None)
-    if pipe is None or type(pipe).__name__ != "FluxPipeline":
+    call = pipeline_call(trainer.backbone) if pipe is not None else None
+    if call is None:
         return None
-    sampler, steps, config = data["sampler"], data["schedule"]["num_steps"], trainer.backbone.config
+    settings, rows_per_step = call
+    sampler, steps = data["sampler"], data["schedule"]["num_steps"]
     prompts = data["prompts"]["prompts"][: data["trainer"]["prompts_per_step"]]
+    per_prompt = next(key for key, value in settings.items() if value is None and key.startswith("num_"))
     kwargs: dict[str, Any] = {
+        **settings,
         "prompt": prompts,
-        "num_images_per_prompt": sampler["group_size"],
+        per_prompt: sampler["group_size"],
         "num_inference_steps": steps,
-        "height": config.resolution,
-        "width": config.resolution,
-        "max_sequence_length": config.max_sequence_length,
         "output_type": "pt",
     }
-    if hasattr(config, "guidance"):
-        kwargs["guidance_scale"] = config.guidance
+    if isinstance(kwargs.get("negative_prompt"), str):  # one per prompt (a lone string covers one prompt's rows)
+        kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * len(prompts)
     pipe.set_progress_bar_config(disable=True)
     device = trainer.backbone.device
     seconds = []
@@ -152,7 +201,7 @@ def diffusers_rows_per_s(trainer: Any, data: dict[str, Any], repeats: int = 2) -
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
-    rows = len(prompts) * sampler["group_size"] * steps
+    rows = len(prompts) * sampler["group_size"] * steps * rows_per_step
     return rows / (sum(seconds[1:]) / repeats)
 
 
@@ -195,7 +244,8 @@ def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
         flush=True,
     )
     if baseline is not None:  # the goal: flowrl's rollouts at least 0.83x plain diffusers inference
-        print(f"{'':<20} diffusers FluxPipeline {baseline:8.1f} NFE/s  flowrl / diffusers {nfe_per_s / baseline:.2f}")
+        pipeline = type(trainer.backbone.pipe).__name__
+        print(f"{'':<20} diffusers {pipeline} {baseline:8.1f} NFE/s  flowrl / diffusers {nfe_per_s / baseline:.2f}")
     del trainer
     return finite
 
@@ -246,10 +296,21 @@ def main(argv: list[str] | None = None) -> int:
             recipe({"type": "tiny_sd3", "guidance_scale": 4.5, **tiny}, lora=False, steps=8, group=4, attention=att),
         ),
     ]
+    # the 2026 bases, tiny: the same code paths (true CFG, FLUX.2's packing, video latents) in seconds
+    small = {"dtype": "bfloat16", "max_sequence_length": 16}
+    cases += [
+        ("tiny_qwen_image", recipe({"type": "tiny_qwen_image", "resolution": 32, **small}, lora=True, steps=4,
+                                   group=4, attention=att)),
+        ("tiny_flux2", recipe({"type": "tiny_flux2", "resolution": 32, **small}, lora=True, steps=4, group=4,
+                              attention=att)),
+        ("tiny_wan", recipe({"type": "tiny_wan", "resolution": 16, "num_frames": 5, **small}, lora=True, steps=4,
+                            group=4, attention=att)),
+    ]
     if not args.tiny_only:
         mid_flux_class()  # defined here; the recipe names it by dotted path
         mid = {"type": "__main__:MidFlux", "build_device": args.device}
         cases.append(("mid_flux", recipe(mid, lora=False, steps=8, group=4, attention=att)))
+        cases += paper_scale_cases(att)
     # each model under both update modes (docs/performance.md): the rows' iteration times give the ratio
     cases = [(f"{name}:{mode}", {**data, "trainer": {**data["trainer"], "update": mode}})
              for name, data in cases for mode in ("recompute", "retain")]
