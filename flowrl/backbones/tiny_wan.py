@@ -56,9 +56,11 @@ class TinyWanSpec:
             raise ValueError(f"text_dim {self.text_dim} must be divisible by text_heads={self.text_heads}")
         if self.attention_head_dim % 2 or self.attention_head_dim < 6:  # rotary (t, h, w) parts, in pairs
             raise ValueError(f"attention_head_dim {self.attention_head_dim} must be even and at least 6")
+        most = SPATIAL * 2 * self.rope_max_seq_len  # the rotary table covers rope_max_seq_len tokens per side
         for name in ("height", "width"):
-            if getattr(self, name) % 16:
-                raise ValueError(f"{name} {getattr(self, name)} must be a multiple of 16 (WanPipeline's rule)")
+            side = getattr(self, name)
+            if side % 16 or side > most:
+                raise ValueError(f"{name} {side} must be a multiple of 16 (WanPipeline's rule) and at most {most}")
 
 
 def _transformer(spec: TinyWanSpec) -> Any:
@@ -189,6 +191,9 @@ class TinyWan(WanAdapter):
     @staticmethod
     def check_config(config: Config) -> list[tuple[str, str]]:
         problems = frame_problems(config)
+        most = TEMPORAL * (TinyWanSpec().rope_max_seq_len - 1) + 1  # latent frames the rotary table covers
+        if config.num_frames > most:
+            problems.append(("num_frames", f"num_frames {config.num_frames} must be at most {most} for tiny_wan"))
         for key, message in spec_problems(TinyWan.spec, config):
             if key in ("height", "width") and not getattr(config, key):
                 key = "resolution"  # the side came from resolution
