@@ -407,3 +407,23 @@ def test_bfloat16_trains_with_fp32_velocities(lora: bool) -> None:
     assert v.dtype == torch.float32 and bool(torch.isfinite(v).all())
     v.square().mean().backward()
     assert sum(float(p.grad.abs().sum()) for p in trained if p.grad is not None) > 0
+
+
+def test_aegpo_recipe_runs_on_the_tiny_twin(tmp_path: Path) -> None:
+    """recipes/flux2/aegpo_dance_hps.toml's parts (the probe picks the steps and splits the budget) on tiny_flux2."""
+    from conftest import TINY_TRAINER
+
+    data = tomllib.loads((ROOT / "recipes" / "flux2" / "aegpo_dance_hps.toml").read_text())
+    data["backbone"] = {"type": "tiny_flux2", "resolution": 16}
+    data["prompts"] = {"type": "list", "prompts": PROMPTS, "heldout": ["a dog"]}
+    data["reward"] = [{"type": "jpeg_compressibility", "scale_kb": 1.0}]
+    data["schedule"] = {"num_steps": 6, "shift": 3.0}
+    data["selector"]["k"] = 2
+    data["sampler"].update(min_group=2, max_group=6)
+    data["sampler"]["host"]["group_size"] = 3
+    data["trainer"] = {**TINY_TRAINER, "max_steps": 2}
+    trainer = Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    metrics = [trainer.iteration() for _ in range(2)]
+    trainer.logger.close()
+    trainer.release()
+    assert all(np.isfinite(m["loss"]) and m["grad_norm"] > 0 and m["nfe"] > 0 for m in metrics)
