@@ -66,6 +66,10 @@ class TrainerConfig:
     # second forward; exact with one inner epoch), "recompute" runs the transformer again, "auto" retain
     # where exact (flowrl.update_modes, docs/performance.md)
     update: Literal["auto", "recompute", "retain"] = attrs.field(default="auto", validator=in_(UPDATE_MODES))
+    # split each iteration's prompts into this many chunks, rolled out one after another, each scored in a
+    # background thread while the next is rolled out (a slow or served reward; independent samplers only;
+    # flowrl.trainer.overlap, docs/performance.md); 0 or 1: off
+    overlap_chunks: int = attrs.field(default=0, validator=ge(0))
     mixed_precision: Literal["no", "bf16", "fp16"] = attrs.field(default="no", validator=in_(("no", "bf16", "fp16")))
     ema_decay: float = attrs.field(default=0.0, validator=[ge(0), le(1)])  # 0 disables EMA
     log_every: int = attrs.field(default=1, validator=positive)

@@ -25,13 +25,13 @@ from flowrl.interfaces import RewardModel
 
 
 class Brightness(RewardModel):
-    """Deterministic test reward: each image's mean pixel value, plus ``offset``; ``delay_s`` of sleep per call;
+    """Deterministic test reward: each image's mean pixel value, plus ``offset``; ``delay_s`` of sleep per image;
     the first ``fail_first`` calls raise (the server answers 500); after ``stop_after`` calls it calls
     ``on_stop`` (set by the test) or, in a served process, ends the process (a server that dies mid-run)."""
 
     @attrs.frozen
     class Config:
-        delay_s: float = 0.0
+        delay_s: float = 0.0  # per image: a model's cost grows with the batch
         fail_first: int = 0
         stop_after: int = 0  # 0: never
         offset: float = 0.0
@@ -51,7 +51,7 @@ class Brightness(RewardModel):
         if self.calls <= self.config.fail_first:
             raise RuntimeError(f"failure {self.calls} of {self.config.fail_first}")
         if self.config.delay_s:
-            time.sleep(self.config.delay_s)
+            time.sleep(self.config.delay_s * images.shape[0])
         return images.float().mean(dim=(1, 2, 3)) + self.config.offset
 
 

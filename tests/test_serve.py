@@ -97,14 +97,14 @@ def test_a_killed_server_stops_the_run_and_resume_continues_the_same_step(tmp_pa
 
 @pytest.mark.slow
 def test_several_trainer_processes_share_one_server(tmp_path: Path) -> None:
-    """Three `flowrl train` processes at once on one slow server (50 ms a request): all finish with the rewards of
+    """Three `flowrl train` processes at once on one slow server (5 ms an image): all finish with the rewards of
     the same recipe scored in process; a fourth without the token is refused (401, exit 2)."""
     local = tiny_recipe(max_steps=3, eval_every=0)
     local["reward"] = [{"name": "brightness", "type": "served:Brightness"}]
     here = train(recipe_from_dict(local), tmp_path / "here", quiet=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests"),
            "FLOWRL_SERVE_TOKEN": "t0ken"}
-    with serve_process("served:Brightness", "delay_s=0.05", token="t0ken") as server:
+    with serve_process("served:Brightness", "delay_s=0.005", token="t0ken") as server:
         recipe = tmp_path / "remote.toml"
         recipe.write_text(dumps(brightness_recipe(server.url, 3)))
         runs = [tmp_path / f"run{i}" for i in range(3)]

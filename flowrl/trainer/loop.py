@@ -31,6 +31,7 @@ from flowrl.trainer.logger import RunLogger
 from flowrl.trainer.memory import check_rollout_fits
 from flowrl.trainer.metrics import iteration_metrics
 from flowrl.trainer.optimize import PolicyUpdate
+from flowrl.trainer.overlap import overlapped
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.resume import check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
@@ -63,7 +64,7 @@ class Trainer:
         self.rewards = reward_models(recipe)
         self.prompts = recipe.build("prompts")
         self.selector = recipe.build("selector")
-        self.sampler = recipe.build("sampler")
+        self.sampler = overlapped(recipe.build("sampler"), self.rewards, self.cfg.overlap_chunks)  # trainer.overlap
         self.estimator = recipe.build("advantage")
         self.loss_fn = recipe.build("loss")
         kernel = recipe.build("kernel")
@@ -87,8 +88,7 @@ class Trainer:
         self.heldout = HeldOut(self.prompts, self.rewards, self.eval_schedule, self.cfg, self.policy)
         self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, parts, self.heldout.grid)
         self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
-        self.step = 0
-        self.nfe = 0
+        self.step, self.nfe = 0, 0
         self.rows = 0  # all transformer rows: rollouts' plus the update's twice (forward, backward): docs/concepts.md
         self.wall = 0.0
         self.budget = Budget(self.cfg, self.accelerator)
