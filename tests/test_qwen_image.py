@@ -314,6 +314,30 @@ def test_trainer_runs_qwen_image_flow_grpo_with_lora_checkpointing_and_bf16() ->
     assert first["nfe"] == 2 * 2 * 4 * 4  # prompts x G x steps x 2 rows (true CFG)
 
 
+def test_aegpo_probes_the_tiny_twin_and_trains(tmp_path: Path) -> None:
+    """AEGPO's selector probes Qwen-Image's attention (one probed guided velocity a step: 2 rows a latent)."""
+    import tomllib
+
+    from flowrl.trainer.loop import Trainer
+
+    data = tomllib.loads((ROOT / "recipes" / "aegpo.toml").read_text())
+    data["backbone"] = {"type": "tiny_qwen_image", "resolution": 16, "num_layers": 1}
+    data["prompts"] = {"type": "list", "prompts": ["a red circle", "two blue squares", "a cat"], "heldout": ["a dog"]}
+    data["reward"] = [{"type": "jpeg_compressibility", "scale_kb": 1.0}]
+    data["schedule"] = {"num_steps": 4, "shift": 3.0}
+    data["selector"]["k"] = 2
+    data["lora"] = {"rank": 4}
+    data["trainer"] = {"max_steps": 1, "prompts_per_step": 2, "checkpoint_every": 0, "image_every": 0, "eval_every": 0}
+    trainer = Trainer(recipe_from_dict(data), tmp_path, quiet=True)
+    metrics = trainer.iteration()
+    trainer.logger.close()
+    trainer.release()
+    assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+    assert metrics["plan/aegpo/probe_nfe"] == 2 * 4 * 2  # prompts x steps x 2 rows (one probed guided velocity)
+    low, high = metrics["plan/aegpo/entropy_curve/min"], metrics["plan/aegpo/entropy_curve/max"]
+    assert 0 < low <= high <= np.log(8 + 4)  # at most log(keys): 8 text tokens at most and 4 image tokens
+
+
 def test_qwen_image_loads_a_saved_folder_and_fails_clearly_offline(tmp_path: Path) -> None:
     from flowrl.backbones.tiny_qwen_image import TinyQwenImageSpec, save_tiny_qwen_image
 
