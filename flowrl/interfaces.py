@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from flowrl.contracts import refuses
 from flowrl.errors import UserError
 from flowrl.rng import RolloutRNG
 from flowrl.types import (
@@ -63,6 +64,13 @@ class Component:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+    # What the part hands on to the recipe (tokens such as "tree") and what it requires of the other parts
+    # (flowrl.contracts.Need: a token some part must provide, or one none may): validate refuses a recipe whose
+    # parts do not meet, in one line naming both parts. Either a class attribute or a staticmethod of the config;
+    # a subclass adds to its bases' declarations (docs/composition.md).
+    provides: Any = frozenset()
+    requires: Any = ()
 
 
 class TransitionKernel(Component, ABC):
@@ -304,6 +312,14 @@ class PolicyLoss(Loss):
     """
 
     needs_old_mean: bool = False
+    provides = frozenset({"policy_loss"})  # flowrl.contracts: a subclass keeps this token and adds its own
+    requires = (
+        refuses(
+            "no_trained_units",
+            "a policy loss trains the transitions of the plan's trained units, so it would train nothing; use a"
+            " forward-process loss, or a selector that trains units",
+        ),
+    )
 
     @abstractmethod
     def __call__(self, batch: LossInputs) -> tuple[Tensor, dict[str, float]]:
@@ -318,6 +334,8 @@ class ForwardProcessLoss(Loss):
     """An objective on the forward (noising) process of the rollouts' final latents: no log-densities, so any
     sampler works (DiffusionNFT). The trainer re-noises each rollout's ``x0`` at ``sample_times`` and calls
     :meth:`forward_process`."""
+
+    provides = frozenset({"forward_process_loss"})  # flowrl.contracts: a subclass keeps this token and adds its own
 
     def sample_times(self, n: int, generator: torch.Generator) -> Tensor:
         """Noise levels ``t`` in (0, 1) at which rollouts are re-noised; uniform by default."""

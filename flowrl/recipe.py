@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from flowrl.composition import composition_checks
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.errors import UserError
 from flowrl.interfaces import ForwardProcessLoss
@@ -257,6 +258,7 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
         yield ("trainer.sharding", f"{why}; use 'none'")
     yield from update_checks(recipe)
     yield from capability_checks(recipe)
+    yield from composition_checks(recipe)  # what each part provides and requires of the others (flowrl.composition)
     for table, part in recipe.parts.items():
         yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_config(part.config))
     for i, reward in enumerate(recipe.rewards):

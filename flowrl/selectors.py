@@ -43,6 +43,11 @@ def check_units(_instance: object, _attr: object, value: tuple[tuple[int, int], 
             raise ValueError(f"units must be ordered and must not overlap: [{a}, {m}] then [{b}, ...]")
 
 
+def merged_if(merges: bool) -> frozenset[str]:
+    """A selector's ``provides``: the ``merged_units`` token when its plans may merge steps (flowrl.contracts)."""
+    return frozenset({"merged_units"}) if merges else frozenset()
+
+
 def units_field(default: tuple[tuple[int, int], ...]) -> Any:
     """An attrs field holding a unit list ``[[start, merge], ...]``, converted and checked."""
     return attrs.field(default=default, converter=as_units, validator=check_units)
@@ -65,6 +70,10 @@ class ExplicitUnits(TimestepSelector):
         units: tuple[tuple[int, int], ...] = attrs.field(
             default=((0, 1),), converter=as_units, validator=[attrs.validators.min_len(1), check_units]
         )
+
+    @staticmethod
+    def provides(config: Config) -> frozenset[str]:
+        return merged_if(any(m > 1 for _, m in config.units))
 
     @staticmethod
     def check_steps(config: Config, num_steps: int) -> list[tuple[str, str]]:

@@ -1,6 +1,7 @@
 """Check that the docs are complete and current (``nox -s docs``). Lists every problem, exit 1 if any.
 
-1. docs/reference.md matches the registries (``scripts/gen_reference.py --check``).
+1. docs/reference.md matches the registries (``scripts/gen_reference.py --check``), and docs/composition.md the
+   parts' declarations (``scripts/gen_composition.py --check``).
 2. Every method package under zoo/flowrl_zoo/ (a folder with ``__init__.py``) has a README.md.
 3. Every relative link in README.md, docs/*.md and zoo/**/README.md points to an existing file.
 4. Every recipe path (``recipes/....toml``) mentioned in those files exists.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gen_composition  # noqa: E402
 import gen_reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +52,16 @@ def check_reference() -> list[str]:
         return [f"{rel(page)}: missing; {fix}"]
     if page.read_text(encoding="utf-8") != expected:
         return [f"{rel(page)}: out of date with the registries (a component or config changed); {fix}"]
+    return []
+
+
+def check_composition() -> list[str]:
+    page = gen_composition.PAGE
+    fix = "run: python scripts/gen_composition.py"
+    if not page.exists():
+        return [f"{rel(page)}: missing; {fix}"]
+    if page.read_text(encoding="utf-8") != gen_composition.render():
+        return [f"{rel(page)}: out of date with the parts' declarations (a part or its contract changed); {fix}"]
     return []
 
 
@@ -115,7 +127,7 @@ def check_index() -> list[str]:
 
 
 def main() -> int:
-    problems = check_reference() + check_zoo_readmes() + check_index()
+    problems = check_reference() + check_composition() + check_zoo_readmes() + check_index()
     if not (ROOT / "README.md").exists():
         problems.append("README.md: missing (pyproject.toml names it as the project's readme)")
     for path in markdown_files():

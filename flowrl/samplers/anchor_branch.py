@@ -18,6 +18,7 @@ import torch
 from attrs.validators import ge
 from torch import Tensor
 
+from flowrl.contracts import refuses
 from flowrl.extras import PerRollout
 from flowrl.interfaces import Backbone, RolloutSampler
 from flowrl.registry import register
@@ -29,6 +30,14 @@ from flowrl.types import Conditioning, Plan, Rollout, Schedule, Transitions
 @register("sampler", "anchor_branch")
 class AnchorBranchSampler(RolloutSampler):
     """Shared ODE anchor per prompt; G SDE jumps per unit from the anchor, ODE tails from i + m (E-GRPO)."""
+
+    requires = (
+        refuses(
+            "no_trained_units",
+            "its rollouts are the jumps from the anchor at each trained unit, so a plan that trains none has no"
+            " rollout; use the independent sampler",
+        ),
+    )
 
     @attrs.frozen
     class Config:

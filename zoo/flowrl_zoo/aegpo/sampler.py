@@ -11,6 +11,7 @@ from attrs.validators import ge, gt, in_, optional
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, build, register, registry
 from flowrl.backbones.attention_options import AttentionEntropyOptions
 from flowrl.config import ConfigError, structure, unstructure
+from flowrl.contracts import Need, provided, required
 from flowrl.interfaces import AttentionEntropyProbe
 from flowrl.registry import RegistryError
 from flowrl.rng import RolloutRNG
@@ -100,6 +101,18 @@ class EntropyAllocation(RolloutSampler):
         @property
         def upper(self) -> int:
             return self.max_group if self.max_group is not None else 2 * self.group_size
+
+    @staticmethod
+    def provides(config: Config) -> frozenset[str]:
+        """The host's: the rollouts are the host sampler's."""
+        host, host_config = host_part(config.host)
+        return provided(host, host_config)
+
+    @staticmethod
+    def requires(config: Config) -> tuple[Need, ...]:
+        """The host's conditions on the other parts (a branching host needs trained units, ...)."""
+        host, host_config = host_part(config.host)
+        return required(host, host_config)
 
     @staticmethod
     def check_steps(config: Config, num_steps: int) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ from flowrl import Backbone, Plan, Schedule, TimestepSelector, Unit, register
 from flowrl.backbones.attention_options import AttentionEntropyOptions
 from flowrl.entropy import jump_std, merged_entropy
 from flowrl.interfaces import AttentionEntropyProbe
+from flowrl.selectors import merged_if
 from flowrl_zoo.aegpo.probe import entropy_curves
 
 PROBE_INFO = "aegpo/probe"  # plan.info key: the per-prompt curves, shared with aegpo_allocate
@@ -70,6 +71,11 @@ class AttentionEntropyTopK(TimestepSelector):
         probe_every: int = attrs.field(default=1, validator=ge(1))  # re-probe every n iterations (reuse between)
         probe_seed: int = attrs.field(default=0, validator=ge(0))  # the fixed per-prompt probe noise
         attention: AttentionEntropyOptions = attrs.field(factory=AttentionEntropyOptions)
+
+    @staticmethod
+    def provides(config: Config) -> frozenset[str]:
+        """Merged units with E-GRPO's rule (``unit_rule = "egrpo"``) when a merge is allowed."""
+        return merged_if(config.unit_rule == "egrpo" and config.max_merge > 1)
 
     @staticmethod
     def check_steps(config: Config, num_steps: int) -> list[tuple[str, str]]:

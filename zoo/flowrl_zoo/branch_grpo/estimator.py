@@ -18,6 +18,7 @@ from torch import Tensor
 
 from flowrl import AdvantageEstimator, Advantages, RewardBatch, Rollout, register
 from flowrl.advantages import group_normalize
+from flowrl.contracts import needs
 from flowrl_zoo.branch_grpo.tree import TREE, Tree
 
 
@@ -90,6 +91,9 @@ class DepthwiseAdvantage(AdvantageEstimator):
     split keep, per parent, the top half of its leaf children by ``reward`` or by ``abs_advantage`` (the rest
     get advantage 0). ``multi_reward`` as in ``group_norm``. ``values`` (per rollout) are the leaves'.
     """
+
+    provides = frozenset({"node_advantages"})
+    requires = (needs("tree", "it normalises node rewards per depth of rollout trees; use the branch_tree sampler"),)
 
     @attrs.frozen
     class Config:

@@ -14,6 +14,7 @@ import torch
 from attrs.validators import ge, gt
 
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, Transitions, register
+from flowrl.contracts import needs, refuses
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import empty_transitions
 from flowrl_zoo.branch_grpo.tree import TREE, Tree
@@ -47,6 +48,26 @@ class BranchTreeSampler(RolloutSampler):
     while the recorded log-density stays the policy's ``N(mean, std^2)``: with T != 1 the samples come from
     another distribution than the one trained (off-policy; the official code uses T = 4 silently). 1.0 = off.
     """
+
+    provides = frozenset({"tree"})
+    requires = (
+        needs(
+            "node_advantages",
+            "its transitions are tree edges, each trained with the advantage of the node it reaches; use the"
+            " branch_depthwise estimator",
+            when="policy_loss",
+        ),
+        refuses(
+            "no_trained_units",
+            "the tree splits at the plan's units and trains their edges, and such a plan trains none (without"
+            " units every prompt is one rollout); use branch_splits",
+        ),
+        refuses(
+            "unit_every_step",
+            "the tree splits at every unit, so it would have factor ** num_steps leaves per prompt (1024 on a"
+            " 10-step grid with factor 2); choose the split steps with branch_splits",
+        ),
+    )
 
     @attrs.frozen
     class Config:

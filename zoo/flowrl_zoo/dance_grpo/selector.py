@@ -17,6 +17,8 @@ class DanceRandomSubset(TimestepSelector):
     batch (the expected number of trained transitions is the same).
     """
 
+    provides = frozenset({"unit_every_step"})
+
     @attrs.frozen
     class Config:
         train_fraction: float = attrs.field(default=0.6, validator=[gt(0), le(1)])  # share of steps trained

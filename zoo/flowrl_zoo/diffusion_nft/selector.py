@@ -17,6 +17,10 @@ class NFTRollouts(TimestepSelector):
     no transitions are recorded either way.
     """
 
+    @staticmethod
+    def provides(config: Config) -> frozenset[str]:
+        return frozenset({"no_trained_units", "unit_every_step"} if config.stochastic else {"no_trained_units"})
+
     @attrs.frozen
     class Config:
         stochastic: bool = False  # SDE at every step (nothing recorded) instead of the ODE

@@ -10,7 +10,7 @@ from attrs.validators import ge, gt, le
 
 from flowrl import Plan, Schedule, TimestepSelector, Unit, register
 from flowrl.entropy import merged_entropy
-from flowrl.selectors import units_field, units_within
+from flowrl.selectors import merged_if, units_field, units_within
 
 
 def greedy_units(schedule: Schedule, tau: float, end_by: int, max_merge: int) -> list[tuple[int, int]]:
@@ -47,6 +47,13 @@ class EntropyUnits(TimestepSelector):
         budget: float = attrs.field(default=0.5, validator=[gt(0), le(1)])  # units must end by ceil(budget * N)
         max_merge: int = attrs.field(default=8, validator=ge(1))  # longest merge considered
         units: tuple[tuple[int, int], ...] = units_field(())  # explicit [[start, merge], ...] replace the rule
+
+    @staticmethod
+    def provides(config: Config) -> frozenset[str]:
+        """Merged units, unless no merge is possible (``max_merge = 1``, or explicit units of one step each)."""
+        if config.units:
+            return merged_if(any(m > 1 for _, m in config.units))
+        return merged_if(config.max_merge > 1)
 
     @staticmethod
     def check_steps(config: Config, num_steps: int) -> list[tuple[str, str]]:

@@ -13,6 +13,8 @@ from flowrl import Plan, Schedule, TimestepSelector, Unit, register
 class FlowGRPOPrefix(TimestepSelector):
     """Every step SDE; train steps 0 .. int(N * fraction) - 1 (Flow-GRPO, arXiv 2505.05470, Sec. 4)."""
 
+    provides = frozenset({"unit_every_step"})
+
     @attrs.frozen
     class Config:
         train_fraction: float = attrs.field(default=0.99, validator=[gt(0), le(1)])  # T=10, 0.99 -> steps 0..8

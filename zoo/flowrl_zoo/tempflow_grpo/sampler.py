@@ -7,6 +7,7 @@ import torch
 from attrs.validators import ge
 
 from flowrl import Backbone, Plan, Rollout, Schedule, register
+from flowrl.contracts import refuses
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.anchor_branch import AnchorBranchSampler
 
@@ -29,6 +30,8 @@ class TempFlowBranchSampler(AnchorBranchSampler):
     weight_scale``, or with ``weight_scale = 0`` the ``c`` that makes the mean of ``w_t`` over the trained
     steps 1.
     """
+
+    requires = (refuses("merged_units", "it branches single steps; use the anchor_branch sampler for merged units"),)
 
     @attrs.frozen
     class Config(AnchorBranchSampler.Config):

@@ -35,6 +35,11 @@ class TempFlowSteps(TimestepSelector):
         include_last: bool = False  # allow branching at the final step N - 1
 
     @staticmethod
+    def provides(config: Config) -> frozenset[str]:
+        """A unit at every step (below the last) when ``every = 1`` without an explicit list."""
+        return frozenset({"unit_every_step"}) if config.every == 1 and not config.steps else frozenset()
+
+    @staticmethod
     def branch_steps(config: Config, num_steps: int) -> list[int]:
         if config.steps:
             return list(config.steps)
