@@ -314,6 +314,21 @@ def test_trainer_runs_qwen_image_flow_grpo_with_lora_checkpointing_and_bf16() ->
     assert first["nfe"] == 2 * 2 * 4 * 4  # prompts x G x steps x 2 rows (true CFG)
 
 
+def test_sharded_training_runs_on_one_process(tmp_path: Path) -> None:
+    """trainer.sharding = "fsdp": FSDP2 units on the Qwen-Image blocks, the img_shapes/mask kwargs pass through."""
+    from flowrl.trainer.loop import Trainer
+
+    data = tiny_recipe(sharding="fsdp")
+    data["backbone"] = {"type": "tiny_qwen_image", "resolution": 16, "num_layers": 2}
+    data["lora"] = {"rank": 4}
+    data["trainer"]["max_steps"] = 1
+    trainer = Trainer(recipe_from_dict(data), tmp_path, quiet=True)
+    metrics = trainer.iteration()
+    trainer.logger.close()
+    trainer.release()
+    assert np.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
+
+
 def test_aegpo_probes_the_tiny_twin_and_trains(tmp_path: Path) -> None:
     """AEGPO's selector probes Qwen-Image's attention (one probed guided velocity a step: 2 rows a latent)."""
     import tomllib
@@ -364,6 +379,8 @@ def test_bad_settings_are_refused_at_validate(tmp_path: Path) -> None:
     cls: Any = registry("backbone").get("qwen_image")
     problems = dict(cls.check_config(cls.Config(path=str(folder), resolution=20, max_sequence_length=2000)))
     assert "multiple of 8" in problems["resolution"] and "at most 1024" in problems["max_sequence_length"]
+    on_meta = cls.transformer_on_meta(cls.Config(path="nobody/no-such-model-xyz"))  # not on this machine
+    assert len(on_meta.transformer_blocks) == 60 and on_meta.proj_out.weight.is_meta  # Qwen-Image's defaults
     tiny: Any = registry("backbone").get("tiny_qwen_image")
     assert tiny.check_config(tiny.Config(axes_dims_rope=(8, 4, 2)))[0][0] == "axes_dims_rope"
 

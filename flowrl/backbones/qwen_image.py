@@ -319,10 +319,14 @@ class QwenImageFromPretrained(QwenImageAdapter):
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
-        """The saved transformer without weights, when its config is on this machine (module_names)."""
-        from flowrl.backbones.module_names import saved_transformer
+        """The saved transformer without weights (module_names); when its config is not on this machine (a hub
+        id not yet downloaded), the class with its default config, which is Qwen-Image's (60 blocks): module
+        names do not depend on the sizes, so validate still checks ``[lora] target_modules``."""
+        from diffusers import QwenImageTransformer2DModel
 
-        return saved_transformer(config.path)
+        from flowrl.backbones.module_names import on_meta, saved_transformer
+
+        return saved_transformer(config.path) or on_meta(QwenImageTransformer2DModel)
 
     def load_pipeline(self) -> Any:
         from diffusers import QwenImagePipeline
