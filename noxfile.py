@@ -68,7 +68,7 @@ def extras(session: nox.Session) -> None:
     pins = Path("scripts/constraints.txt").read_text().splitlines()
     constraints = Path(session.create_tmp()) / "constraints-extras.txt"
     constraints.write_text("\n".join(p for p in pins if not p.startswith(("torch==", "nox=="))) + "\n")
-    session.install("-c", str(constraints), *EXTRAS_TORCH, "-e", ".[test,ocr]")
+    session.install("-c", str(constraints), *EXTRAS_TORCH, "-e", ".[test,ocr,wandb]")
     session.install("--no-deps", "hpsv2==1.2.0", "open-clip-torch==3.3.0")
     session.install("-c", str(constraints), *EXTRAS_TORCH, *HPS_RUNTIME)
     session.run("python", "-m", "pytest", "-q", "tests/extras", *session.posargs, env={**ENV, "FLOWRL_EXTRAS": "1"})

@@ -45,6 +45,15 @@ class OptimConfig:
     final_lr_ratio: float = attrs.field(default=0.1, validator=[ge(0), le(1)])
 
 
+def _trackers(_: Any, attribute: Any, value: tuple[str, ...]) -> None:
+    known = ("tensorboard", "wandb", "swanlab")  # flowrl.trainer.trackers.TRACKERS
+    for name in value:
+        if name not in known:
+            raise ValueError(f"unknown logger {name!r}; expected some of {', '.join(known)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"a logger appears twice in {list(value)}")
+
+
 def _evaluation_figure(_: Any, attribute: Any, value: str) -> None:
     """an eval/... key, "auto" or empty"""
     if value not in ("", "auto") and not value.startswith("eval/"):
@@ -74,6 +83,9 @@ class TrainerConfig:
     ema_decay: float = attrs.field(default=0.0, validator=[ge(0), le(1)])  # 0 disables EMA
     log_every: int = attrs.field(default=1, validator=positive)
     image_every: int = attrs.field(default=10, validator=ge(0))  # TensorBoard image grids; 0 disables
+    # where scalars, image grids and the resolved recipe go besides metrics.jsonl: "tensorboard", "wandb",
+    # "swanlab" (the last two optional extras; flowrl.trainer.trackers)
+    loggers: tuple[str, ...] = attrs.field(default=("tensorboard",), validator=_trackers)
     checkpoint_every: int = attrs.field(default=50, validator=ge(0))  # 0: only the final checkpoint
     keep_checkpoints: int = attrs.field(default=2, validator=positive)
     # checkpoints/best holds the weights with the highest value of this evaluation figure (an `eval/...` key of

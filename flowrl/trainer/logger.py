@@ -1,4 +1,5 @@
-"""Run logging: ``metrics.jsonl`` (one object per iteration) and TensorBoard scalars and image grids."""
+"""Run logging: ``metrics.jsonl`` (one object per iteration), and scalars and image grids to the trackers of
+``trainer.loggers`` (TensorBoard by default; :mod:`flowrl.trainer.trackers`)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,27 @@ import torch
 from torch import Tensor
 
 from flowrl.trainer.runfolder import read_metrics
+from flowrl.trainer.trackers import open_trackers
 from flowrl.video import as_stills, is_clip
 
 
 class RunLogger:
-    """Appends metrics to ``metrics.jsonl`` and mirrors them to TensorBoard under ``tb/``."""
+    """Appends metrics to ``metrics.jsonl`` and mirrors them to the trackers of ``recipe.trainer.loggers``
+    (TensorBoard under ``tb/`` without a recipe), which also get the resolved recipe."""
 
-    def __init__(self, run_dir: Path, enabled: bool = True, truncate_after: int | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, enabled: bool = True, truncate_after: int | None = None, recipe: Any = None
+    ) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.writer: Any = None
+        self.trackers: list[Any] = []
         if not enabled:
             return
         if truncate_after is not None and self.path.exists():  # a resumed run: drop rows after the checkpoint
             keep = [row for row in read_metrics(self.path) if row["step"] <= truncate_after]
             self.path.write_text("".join(json.dumps(row) + "\n" for row in keep))
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
+        loggers = tuple(recipe.trainer.loggers) if recipe is not None else ("tensorboard",)
+        self.trackers = open_trackers(loggers, Path(run_dir), recipe.to_dict() if recipe is not None else {})
 
     def log(self, metrics: dict[str, Any]) -> None:
         if not self.enabled:
@@ -37,22 +41,25 @@ class RunLogger:
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
         step = int(metrics["step"])
-        for key, value in metrics.items():
-            if key != "step" and isinstance(value, int | float) and value is not None:
-                self.writer.add_scalar(key, value, step)
+        numbers = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, int | float) and v is not None}
+        for tracker in self.trackers:
+            tracker.scalars(numbers, step)
 
     def images(self, tag: str, images: Tensor, step: int, rows: int) -> None:
-        if self.enabled:
-            self.writer.add_image(tag, image_grid(images, rows), step)
+        if self.enabled and self.trackers:
+            grid = image_grid(images, rows)
+            for tracker in self.trackers:
+                tracker.image(tag, grid, step)
 
     def histogram(self, tag: str, values: Tensor, step: int) -> None:
         if self.enabled and values.numel():
-            self.writer.add_histogram(tag, values.detach().float().cpu(), step)
+            for tracker in self.trackers:
+                tracker.histogram(tag, values.detach().float().cpu(), step)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 def image_grid(images: Tensor, rows: int) -> Tensor:

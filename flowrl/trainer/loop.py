@@ -105,7 +105,7 @@ class Trainer:
                     f"run folder {self.run_dir} already holds a run (metrics.jsonl); continue it with --resume "
                     "or choose another --output-dir"
                 )
-            self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, truncate_after=self.step)
+            self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, self.step, recipe)
         except BaseException:
             self.release()
             raise
