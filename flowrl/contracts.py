@@ -27,6 +27,8 @@ TOKENS = {
     "unit_every_step": "plans with an SDE unit at every step",
     "tree": "rollout trees (Rollout.extras['tree'])",
     "node_advantages": "per-node advantages (Advantages.nodes)",
+    "granular_rollouts": "rollouts finishing every jump at several tail granularities (extras['granularity'])",
+    "granular_advantages": "advantages that sum each jump's granularities (one value per jump)",
 }
 
 

@@ -34,13 +34,19 @@ REFUSED = {
         ("nft_rollouts", "anchor_branch"): "train no unit",
         ("nft_rollouts", "tempflow_branch"): "train no unit",
         ("nft_rollouts", "branch_tree"): "train no unit",
+        ("nft_rollouts", "egrpo_granular"): "train no unit",
         ("flow_grpo_prefix", "branch_tree"): "every step",
         ("dance_random_subset", "branch_tree"): "every step",
         ("tempflow_steps", "branch_tree"): "every step",
     },
     ("sampler", "advantage"): {
-        (s, "branch_depthwise"): "rollout trees"
-        for s in ("aegpo_allocate", "anchor_branch", "independent", "mix_grpo_flash", "tempflow_branch")
+        **{(s, "branch_depthwise"): "rollout trees"
+           for s in ("aegpo_allocate", "anchor_branch", "independent", "mix_grpo_flash", "tempflow_branch")},
+        **{(s, "egrpo_granular"): "rollouts finishing every jump"
+           for s in ("aegpo_allocate", "anchor_branch", "branch_tree", "independent", "mix_grpo_flash",
+                     "tempflow_branch")},
+        ("egrpo_granular", "group_norm"): "sum each jump's granularities",
+        ("egrpo_granular", "branch_depthwise"): "sum each jump's granularities",
     },
     ("sampler", "loss"): {},
     ("selector", "loss"): {("nft_rollouts", loss): "train no unit" for loss in ("ppo_clip", "grpo_guard", "flow_dppo")},
@@ -62,8 +68,9 @@ def test_the_page_is_current(found: dict[tuple[str, str], list[gen.Outcome]]) ->
 DECIDED = {
     "selector": {"aegpo_topk", "branch_splits", "dance_random_subset", "egrpo_entropy", "explicit",
                  "flow_grpo_fast_window", "flow_grpo_prefix", "mix_grpo_window", "nft_rollouts", "tempflow_steps"},
-    "sampler": {"aegpo_allocate", "anchor_branch", "branch_tree", "independent", "mix_grpo_flash", "tempflow_branch"},
-    "advantage": {"branch_depthwise", "group_norm"},
+    "sampler": {"aegpo_allocate", "anchor_branch", "branch_tree", "egrpo_granular", "independent", "mix_grpo_flash",
+                "tempflow_branch"},
+    "advantage": {"branch_depthwise", "egrpo_granular", "group_norm"},
     "loss": {"crd", "diffusion_nft", "flow_dppo", "grpo_guard", "ppo_clip"},
 }
 
