@@ -96,8 +96,9 @@ def paper_scale_cases(attention: str) -> list[tuple[str, dict[str, Any]]]:
     token count of the real model at the recipe's resolution: Qwen-Image 512 px (VAE 8 x patch 2: 32 x 32 = 1,024
     tokens; the twin's 8 px a token: 256 px), FLUX.2 at 1024 px (64 x 64 = 4,096 tokens; the twin's 4 px a token:
     256 px), Wan 2.1 at 240 x 416 with 33 frames (9 latent frames of 15 x 26 tokens = 3,510; the twin's 8 px a
-    token and WanPipeline's multiple of 16: 128 x 208, 16 x 26 tokens a frame, 3,744 in all). Widths of 1,536 (12 heads of 128) and 8 to 12 blocks: 0.5-1.5B parameters, enough for the
-    GPU's kernels to dominate as they do at full size; steps, group and guidance are the recipes'.
+    token and WanPipeline's multiple of 16: 128 x 208, 16 x 26 tokens a frame, 3,744 in all). Widths of 1,536
+    (12 heads of 128) and 8 to 12 blocks: 0.5-1.5B parameters, enough for the GPU's kernels to dominate as they
+    do at full size; steps, group and guidance are the recipes'.
     """
     wide = {"attention_head_dim": 128, "num_attention_heads": 12, "dtype": "bfloat16", "max_sequence_length": 64}
     qwen = {"type": "tiny_qwen_image", "resolution": 256, "num_layers": 8, "axes_dims_rope": [16, 56, 56],
