@@ -151,6 +151,12 @@ class Backbone(Component, ABC):
     # names): a base overrides it with the projections its published LoRA recipes adapt
     lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
     device: torch.device = torch.device("cpu")
+
+    @classmethod
+    def default_lora_targets(cls, config: Any) -> tuple[str, ...]:
+        """The targets a ``[lora]`` without ``target_modules`` gets for this config: :attr:`lora_targets` unless
+        a base's list depends on the model (FLUX.2's per-block names, which differ between dev and klein)."""
+        return tuple(cls.lora_targets)
     forward_s: float = 0.0  # seconds spent in transformer forwards (for the time-outside-the-model share)
     module: nn.Module  # what velocity() calls: the transformer, or the trainer's distributed wrapper of it
     _reference: Callable[[], AbstractContextManager[None]] | None = None

@@ -188,7 +188,8 @@ def _with_base_targets(lora: LoraConfig, parts: dict[str, Part]) -> LoraConfig:
     (so the resolved recipe, validate's module check and the adapters all see one explicit list)."""
     if lora.target_modules is not None:
         return lora
-    return attrs.evolve(lora, target_modules=tuple(parts["backbone"].cls.lora_targets))
+    backbone = parts["backbone"]
+    return attrs.evolve(lora, target_modules=tuple(backbone.cls.default_lora_targets(backbone.config)))
 
 
 def _schedule_from_sampler(data: dict[str, Any], problems: list[tuple[str, str]]) -> None:

@@ -428,3 +428,20 @@ def test_aegpo_recipe_runs_on_the_tiny_twin(tmp_path: Path) -> None:
     trainer.logger.close()
     trainer.release()
     assert all(np.isfinite(m["loss"]) and m["grad_norm"] > 0 and m["nfe"] > 0 for m in metrics)
+
+
+def test_default_lora_targets_follow_the_saved_models_single_blocks(tmp_path: Path) -> None:
+    """A [lora] without target_modules gets one single-block output per block of the model in the folder (klein
+    has fewer than dev's 48), so validate finds every default entry in the model's layers."""
+    from flowrl.backbones.flux2 import Flux2FromPretrained
+
+    save_tiny_flux2(TinyFlux2Spec(image_size=16, num_single_layers=3), tmp_path / "klein")
+    table = {"type": "flux2", "path": str(tmp_path / "klein"), "resolution": 16, "max_sequence_length": 16}
+    recipe = recipe_from_dict({**tiny_recipe(), "backbone": table, "lora": {"rank": 2}})  # validate's checks pass
+    assert recipe.lora is not None and recipe.lora.target_modules == BASE_TARGETS + single_block_outputs(3)
+    assert Flux2FromPretrained.default_lora_targets(Flux2FromPretrained.Config(path="nobody/not-here")) == (
+        Flux2FromPretrained.lora_targets  # the model's config is not on this machine: dev's list
+    )
+    four = recipe_from_dict({**tiny_recipe(), "backbone": {"type": "tiny_flux2", "num_single_layers": 4},
+                             "lora": {"rank": 2}})
+    assert four.lora is not None and four.lora.target_modules[-1] == "single_transformer_blocks.3.attn.to_out"

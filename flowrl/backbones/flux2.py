@@ -264,6 +264,13 @@ class Flux2FromPretrained(Flux2Adapter):
     grid (exact parity), ``uniform`` flowrl's shifted one.
     """
 
+    @classmethod
+    def default_lora_targets(cls, config: Any) -> tuple[str, ...]:
+        """The published list with one output projection per single block of this model: the saved
+        transformer's ``num_single_layers`` when its config is on this machine (klein has fewer), else dev's 48."""
+        saved = saved_json(config.path, "transformer/config.json") or {}
+        return BASE_TARGETS + single_block_outputs(int(saved.get("num_single_layers", SINGLE_BLOCKS_DEV)))
+
     @attrs.frozen
     class Config:
         path: str = attrs.field(validator=attrs.validators.min_len(1))  # folder of save_pretrained, or hub id

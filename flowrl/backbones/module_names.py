@@ -73,7 +73,7 @@ def lora_target_problems(recipe: Any) -> Iterator[tuple[str, str]]:
     layers = [n for n, m in modules.items() if isinstance(m, ADAPTABLE)]
     names = sorted({".".join(n.split(".")[-2:]) if n.split(".")[-1].isdigit() else n.split(".")[-1] for n in layers})
     listed = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-    for target in recipe.lora.target_modules or part.cls.lora_targets:
+    for target in recipe.lora.target_modules or part.cls.default_lora_targets(part.config):
         if any(matches(n, target) for n in layers):
             continue
         others = [n for n in modules if matches(n, target)]

@@ -219,9 +219,12 @@ def save_tiny_flux2(spec: TinyFlux2Spec, folder: str | Path, words: Sequence[str
 class TinyFlux2(Flux2Adapter):
     """A tiny random-weight FLUX.2 pipeline (klein, klein-base or dev; real diffusers classes, built locally)."""
 
-    # the published list's form for the default two single blocks (lora_targets is one list per class; a
-    # model with fewer single blocks is told at validate which entry selects nothing)
-    lora_targets = BASE_TARGETS + single_block_outputs(2)
+    lora_targets = BASE_TARGETS + single_block_outputs(2)  # the default config's two single blocks
+
+    @classmethod
+    def default_lora_targets(cls, config: Any) -> tuple[str, ...]:
+        """The published list's form, one output projection per single block of this config."""
+        return BASE_TARGETS + single_block_outputs(config.num_single_layers)
 
     @attrs.frozen
     class Config:

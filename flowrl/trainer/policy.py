@@ -47,7 +47,7 @@ class TrainedPolicy:
         transformer = backbone.transformer
         if recipe.lora is not None:
             try:
-                add_lora(transformer, recipe.lora, type(backbone).lora_targets)
+                add_lora(transformer, recipe.lora, type(backbone).default_lora_targets(backbone.config))
             except ValueError as error:  # peft: e.g. no module matches target_modules
                 raise RecipeError(recipe.source, [("lora", f"cannot attach the adapters: {error}")]) from error
         else:
