@@ -103,3 +103,16 @@ def test_a_recipe_saved_with_a_byte_order_mark_validates(tmp_path: Path) -> None
     recipe.write_bytes(b"\xef\xbb\xbf" + (ROOT / "recipes" / "flow_grpo.toml").read_bytes())  # Windows editors
     out = flowrl_cli("validate", str(recipe))
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_entropy_tabulates_the_backbones_own_grid(tmp_path: Path) -> None:
+    """A backbone sampling on its pipeline's grid (FLUX.2's mu shift) is tabulated on that grid, as training
+    samples it; a model not on this machine is tabulated on flowrl's grid, and the command says so."""
+    out = flowrl_cli("entropy", str(ROOT / "recipes" / "smoke" / "flux2.toml"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "grid: the backbone's (diffusers)" in out.stderr
+    backbone = flowrl.build("backbone", {"type": "tiny_flux2", "resolution": 32, "max_sequence_length": 16})
+    step1 = next(line.split() for line in out.stdout.splitlines() if line.split()[:1] == ["1"])
+    assert float(step1[1]) == round(backbone.schedule_sigmas(6, 3.0)[1], 3)
+    out = flowrl_cli("entropy", str(ROOT / "recipes" / "flux2" / "egrpo_hps.toml"), cwd=tmp_path)
+    assert out.returncode == 0 and "not the backbone's 'diffusers' one" in out.stderr

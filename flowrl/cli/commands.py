@@ -89,6 +89,14 @@ def entropy(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.set)
     grid = recipe.schedule
     sigmas = tuple(float(s) for s in shifted_sigmas(grid.num_steps, grid.shift))
+    backbone_grid = getattr(recipe.parts["backbone"].config, "grid", "uniform")
+    if backbone_grid != "uniform":  # the pipeline's own grid (a dynamic shift): the model's config gives it
+        try:
+            sigmas = tuple(float(s) for s in recipe.build("backbone").schedule_sigmas(grid.num_steps, grid.shift))
+            print(f"grid: the backbone's ({backbone_grid}), as training samples it", file=sys.stderr)
+        except OSError:  # the model is not on this machine: say which grid the table is of
+            print(f"grid: flowrl's shifted grid (shift {grid.shift}), not the backbone's '{backbone_grid}' one,"
+                  " which needs the model's files on this machine", file=sys.stderr)
     schedule = Schedule(sigmas, recipe.build("kernel"))
     generator, selector = torch.Generator().manual_seed(recipe.seed), recipe.parts["selector"].type
     plan = iteration_plan(recipe.build("selector"), schedule, 0, generator, grid.final_sde, selector)
