@@ -32,13 +32,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flowrl.errors import UserError
+
 PROTOCOL = "flowrl-reward/1"
 ENCODINGS = ("png", "float32")
 MAX_SIDE = 8192  # pixels: larger images are refused before any decoding (a PNG can claim any size)
 
 
-class WireError(ValueError):
-    """A message that does not follow the protocol; the text says which field and why."""
+class WireError(UserError, ValueError):
+    """A message that does not follow the protocol; the text says which field and why (the client reports it as
+    a :class:`flowrl.rewards.http.RemoteRewardError` naming the server, the server answers 400)."""
 
 
 # -- images -------------------------------------------------------------------------------------------------
