@@ -347,6 +347,12 @@ class ForwardProcessLoss(Loss):
         """Noise levels ``t`` in (0, 1) at which rollouts are re-noised; uniform by default."""
         return torch.rand(n, generator=generator).clamp(1e-3, 1 - 1e-3)
 
+    def levels(self) -> int:
+        """Noise levels per rollout and update (1 by default): the trainer repeats each rollout's row this many
+        times, consecutively, before ``sample_times`` (so rows ``k i .. k i + k - 1`` are rollout ``i``), and
+        each copy is re-noised with its own time and noise."""
+        return 1
+
     def lagged_decay(self, updates: int) -> float | None:
         """What ``ForwardProcessInputs.v_old`` is. None (the default): the rollout-time policy's velocity. A
         decay ``d`` in [0, 1]: the trainer keeps a lagged copy of the trained weights, ``old <- d old + (1 - d)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 import torch
 from conftest import ROOT, shipped_tiny, tiny_recipe
-from flowrl_zoo.diffusion_nft import DiffusionNFTLoss, adaptive_x0_loss, optimality
+from flowrl_zoo.diffusion_nft import DiffusionNFTLoss, adaptive_x0_loss, optimality, ramp_decay
 
 import flowrl
+from flowrl.conformance import check_loss
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import Trainer
 from flowrl.types import ForwardProcessInputs, Schedule
@@ -163,3 +166,112 @@ def test_paper_recipe_runs_on_the_tiny_sd3(tmp_path: Path) -> None:
     Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True).run()
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["nfe"] == 2 * 10 and math.isfinite(row["loss"]) and row["grad_norm"] > 0
+
+
+# -- the official code's lagged old policy and several noise levels per rollout -----------------------------------
+def test_decay_schedules_follow_the_official_ramps() -> None:
+    """The defaults are the official general schedule (0.001 a step, capped at 0.5); its OCR schedule waits 75 steps,
+    then 0.0075 a step up to 0.999. Exact: products of small integers and binary-inexact rates compared as floats."""
+    default = nft(old_policy="lagged")
+    assert [default.lagged_decay(k) for k in (0, 1, 100, 499)] == [0.0, 0.001, pytest.approx(0.1), pytest.approx(0.499)]
+    assert default.lagged_decay(500) == 0.5 and default.lagged_decay(10_000) == 0.5
+    ocr = [ramp_decay(k, 75, 0.0075, 0.999) for k in (0, 74, 75, 76, 100, 208, 10_000)]
+    assert ocr[:3] == [0.0, 0.0, 0.0] and ocr[3] == pytest.approx(0.0075) and ocr[4] == pytest.approx(0.1875)
+    assert ocr[5] == pytest.approx(0.9975) and ocr[6] == 0.999
+    assert nft().lagged_decay(0) is None and nft().lagged_decay(100) is None  # "rollout": no copy kept
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_levels_take_one_time_in_each_bin_per_rollout(shift: float) -> None:
+    k, n = 5, 23  # 4 whole blocks and a cut one of 3
+    loss = nft(levels=k, level_shift=shift)
+    assert loss.levels() == k and nft().levels() == 1
+    t = loss.sample_times(n, torch.Generator().manual_seed(3))
+    assert t.shape == (n,) and bool(((t > 0) & (t < 1)).all())
+    assert torch.equal(t, loss.sample_times(n, torch.Generator().manual_seed(3)))
+    u = t.double() / (shift - (shift - 1.0) * t.double())  # undo the shift
+    bins = (u * k).floor().long()
+    for block in range(4):
+        assert sorted(bins[block * k:(block + 1) * k].tolist()) == list(range(k))
+    assert len(set(bins[20:].tolist())) == 3  # the cut block: distinct bins too
+    if shift > 1:  # the shift moves the levels towards noise: mean of s u / (1 + (s - 1) u) over u uniform is 0.65
+        many = nft(levels=4, level_shift=shift).sample_times(4000, torch.Generator().manual_seed(0))
+        assert float(many.mean()) == pytest.approx(3 / 2 - 3 * math.log(3) / 4, rel=0.03)
+
+
+def test_default_times_are_the_base_uniform_draw() -> None:
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(nft().sample_times(9, g1), torch.rand(9, generator=g2).clamp(1e-3, 1 - 1e-3))
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"old_policy": "lagged"}, {"levels": 3, "level_shift": 3.0}, {"old_policy": "lagged", "levels": 2}]
+)
+def test_conformance_with_each_option(options: dict) -> None:
+    check_loss(nft(**options))
+    check_loss(nft(kl_beta=0.1, **options))
+
+
+def recorded_run(tmp_path: Path, loss: dict) -> tuple[Trainer, list[ForwardProcessInputs], dict[str, torch.Tensor]]:
+    """Two iterations on the tiny model, each micro-batch the loss saw kept (detached), and the initial weights."""
+    data = nft_recipe(max_steps=2)
+    data["loss"].update(loss)
+    trainer = Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True)
+    initial = {n: p.detach().clone() for n, p in trainer.named_params}
+    seen: list[ForwardProcessInputs] = []
+    real = trainer.loss_fn.forward_process
+
+    def record(batch: ForwardProcessInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        kept: dict[str, Any] = {f.name: getattr(batch, f.name) for f in attrs.fields(ForwardProcessInputs)}
+        copies: dict[str, Any] = {k: None if v is None else v.detach().clone() for k, v in kept.items()}
+        seen.append(ForwardProcessInputs(**copies))
+        return real(batch)
+
+    trainer.loss_fn.forward_process = record  # type: ignore[method-assign]
+    trainer.run()
+    return trainer, seen, initial
+
+
+def test_levels_repeat_each_rollout_in_one_update(tmp_path: Path) -> None:
+    k = 3
+    _, seen, _ = recorded_run(tmp_path, {"levels": k, "level_shift": 3.0})
+    rollouts = 2 * 4  # prompts_per_step x G per iteration
+    per_step = len(seen) // 2
+    for step in (seen[:per_step], seen[per_step:]):
+        rows = sum(b.x0.shape[0] for b in step)
+        assert rows == k * rollouts
+        x0 = torch.cat([b.x0 for b in step]).reshape(rollouts, k, -1)
+        t = torch.cat([b.t for b in step]).reshape(rollouts, k)
+        adv = torch.cat([b.advantages for b in step]).reshape(rollouts, k)
+        group = torch.cat([b.group for b in step if b.group is not None]).reshape(rollouts, k)
+        assert torch.equal(x0, x0[:, :1].expand_as(x0))  # the k rows of a rollout: one clean latent...
+        assert torch.equal(adv, adv[:, :1].expand_as(adv)) and torch.equal(group, group[:, :1].expand_as(group))
+        assert all(len(set(row.tolist())) == k for row in t)  # ...at k distinct noise levels
+        assert all(b.x_t.shape == b.x0.shape == b.v.shape for b in step)
+
+
+def test_lagged_copy_is_the_old_velocity(tmp_path: Path) -> None:
+    """A decay of 1 from the first step keeps the copy at the initial weights: the first update sees v_old = v
+    (same weights), the second a v_old that differs; the copy stays exactly the initial weights. With the
+    rollout policy v_old is v's detached value at every step."""
+    keep = {"old_policy": "lagged", "decay_rate": 1.0, "decay_max": 1.0}
+    lagged, seen, initial = recorded_run(tmp_path / "lagged", keep)
+    half = len(seen) // 2
+    assert all(torch.equal(b.v_old, b.v) for b in seen[:half])
+    assert all(not torch.equal(b.v_old, b.v) for b in seen[half:])
+    assert lagged.policy.lagged is not None
+    changed = 0
+    for name, p in lagged.named_params:
+        assert torch.equal(lagged.policy.lagged.shadow[name], initial[name])
+        changed += int(not torch.equal(lagged.policy.lagged.shadow[name], p.detach()))
+    assert changed > 0
+    rollout, seen, _ = recorded_run(tmp_path / "rollout", {})
+    assert rollout.policy.lagged is None and all(torch.equal(b.v_old, b.v) for b in seen)
+
+
+@pytest.mark.parametrize("overrides", [["loss.old_policy=lagged"], ["loss.levels=3", "loss.level_shift=3.0"]])
+def test_recipe_runs_two_iterations_with_each_option(tmp_path: Path, overrides: list[str]) -> None:
+    recipe = shipped_tiny("diffusion_nft", ["sampler.group_size=2", *overrides])
+    Trainer(recipe, tmp_path / "run", quiet=True).run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in rows)

@@ -127,19 +127,25 @@ def forward_process_losses(
     Micro-batches keep each prompt's rollouts together (:func:`prompt_chunks`), so a loss may centre within a
     prompt. ``v_old`` is the policy's velocity before this update (one inner epoch: the same forward,
     detached), or, with ``lagged`` (a context under which the transformer holds the lagged copy), the copy's.
+    With ``loss_fn.levels() = k > 1`` each rollout is re-noised at ``k`` times (its row repeated), all in one update.
     """
     if rollout.final_latents is None:
         raise ValueError(f"{type(loss_fn).__name__} needs Rollout.final_latents; the sampler did not record them")
-    x0_all = rollout.final_latents.float()
+    levels = int(loss_fn.levels())
+    if levels < 1:
+        raise ValueError(f"{type(loss_fn).__name__}.levels() must be at least 1, got {levels}")
+    rollout_of = torch.arange(rollout.final_latents.shape[0]).repeat_interleave(levels)  # identity for one level
+    x0_all = rollout.final_latents.float()[rollout_of]
+    prompt_all, advantages = rollout.rollout_prompt[rollout_of], advantages[rollout_of.to(advantages.device)]
     total = x0_all.shape[0]
     t_all = loss_fn.sample_times(total, generator)
     eps_all = torch.randn(x0_all.shape, generator=generator)
-    for rows in prompt_chunks(rollout.rollout_prompt, batch_rollouts):
+    for rows in prompt_chunks(prompt_all, batch_rollouts):
         x0 = x0_all[rows]
         t = t_all[rows].to(x0.device)
         shape = (-1, *([1] * (x0.dim() - 1)))
         x_t = (1 - t.reshape(shape)) * x0 + t.reshape(shape) * eps_all[rows].to(x0.device)
-        cond = rollout.cond.take(rollout.rollout_prompt[rows])
+        cond = rollout.cond.take(prompt_all[rows])
         v_lagged = None
         if lagged is not None:  # before the forward with gradients: the swap writes the weights in place
             with torch.no_grad(), lagged():
@@ -151,7 +157,7 @@ def forward_process_losses(
                 v_ref = backbone.velocity(x_t, t, cond)
         batch = ForwardProcessInputs(
             x0=x0, x_t=x_t, t=t, v=v, v_old=v.detach() if v_lagged is None else v_lagged,
-            advantages=advantages[rows].to(x0.device), v_ref=v_ref, group=rollout.rollout_prompt[rows].to(x0.device),
+            advantages=advantages[rows].to(x0.device), v_ref=v_ref, group=prompt_all[rows].to(x0.device),
         )
         loss, stats = loss_fn.forward_process(batch)
         yield loss, len(rows) / total, stats

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
-from attrs.validators import ge, gt
+import torch
+from attrs.validators import ge, gt, in_, le
 from torch import Tensor
 
 from flowrl import register
@@ -26,6 +29,23 @@ def optimality(advantages: Tensor, clip: float) -> Tensor:
     return (a / (2.0 * clip) + 0.5).clamp(0.0, 1.0)
 
 
+def ramp_decay(updates: int, flat: int, rate: float, cap: float) -> float:
+    """The lagged copy's decay after ``updates`` optimizer steps: 0 for the first ``flat`` steps, then growing by
+    ``rate`` a step up to ``cap``: ``min(rate max(updates - flat, 0), cap)``."""
+    return 0.0 if updates < flat else min(rate * (updates - flat), cap)
+
+
+def stratified_levels(n: int, levels: int, shift: float, generator: torch.Generator) -> Tensor:
+    """``n`` noise levels in consecutive blocks of ``levels`` rows (one block per rollout; a last block may be
+    cut short): each block has one draw ``u`` in each of the ``levels`` equal bins of (0, 1), in random order,
+    warped by the schedule's time shift ``t = s u / (1 + (s - 1) u)``, so one rollout's levels spread over the
+    noise range the sampler visits."""
+    blocks = -(-n // levels)
+    bins = torch.argsort(torch.rand(blocks, levels, generator=generator), dim=1).float()  # a permutation per block
+    u = ((bins + torch.rand(blocks, levels, generator=generator)) / levels).flatten()[:n]
+    return (shift * u / (1.0 + (shift - 1.0) * u)).clamp(1e-3, 1 - 1e-3)
+
+
 @register("loss", "diffusion_nft")
 class DiffusionNFTLoss(ForwardProcessLoss):
     """Implicit positive/negative policies on re-noised rollouts, no log-densities (DiffusionNFT, arXiv 2509.16117).
@@ -38,6 +58,13 @@ class DiffusionNFTLoss(ForwardProcessLoss):
     ``r = clamp(A / (2 c) + 0.5, 0, 1)`` with ``c = adv_clip``. The leading factor is the same ``c``
     (``scale_by_clip``): the gradient at ``v = v_old`` is then ``c (2 r - 1) grad = A grad`` (for ``|A| <= c``),
     independent of the clip range.
+
+    ``old_policy = "rollout"`` (default): ``v_old`` is the policy that sampled the rollouts. ``"lagged"``: a
+    copy of the weights kept by the trainer, ``old <- d old + (1 - d) theta`` after each optimizer step, with
+    ``d`` :func:`ramp_decay` of the steps taken (the official code's schedules: ``decay_flat = 0, decay_rate =
+    0.001, decay_max = 0.5`` by default, ``75, 0.0075, 0.999`` for its OCR runs). ``levels = k``: each rollout is
+    re-noised at ``k`` times per update (:func:`stratified_levels`, one in each of ``k`` bins of the shifted
+    time axis), ``k`` loss rows per rollout averaged in one optimizer step.
     """
 
     @attrs.frozen
@@ -46,11 +73,33 @@ class DiffusionNFTLoss(ForwardProcessLoss):
         adv_clip: float = attrs.field(default=5.0, validator=gt(0))  # c: advantages clipped to [-c, c]
         scale_by_clip: bool = True  # multiply the policy loss by c (docs/algorithms.md); false: by 1
         kl_beta: float = attrs.field(default=0.0, validator=ge(0))  # weight of mean((v - v_ref)^2)
+        old_policy: Literal["rollout", "lagged"] = attrs.field(
+            default="rollout", validator=in_(("rollout", "lagged"))
+        )  # v_old: the sampling policy, or a lagged copy of the weights
+        decay_flat: int = attrs.field(default=0, validator=ge(0))  # lagged: steps at decay 0 (the copy follows)
+        decay_rate: float = attrs.field(default=0.001, validator=ge(0))  # lagged: decay growth per step after them
+        decay_max: float = attrs.field(default=0.5, validator=[ge(0), le(1)])  # lagged: the decay's cap
+        levels: int = attrs.field(default=1, validator=ge(1))  # noise levels per rollout and update
+        level_shift: float = attrs.field(default=1.0, validator=gt(0))  # time shift of the levels (1: uniform bins)
 
     @property
     def needs_reference(self) -> bool:  # type: ignore[override]
         """The reference policy's velocity is needed iff the KL term is on."""
         return bool(self.config.kl_beta > 0)
+
+    def levels(self) -> int:
+        return int(self.config.levels)
+
+    def sample_times(self, n: int, generator: torch.Generator) -> Tensor:
+        """Uniform levels for ``levels = 1`` and ``level_shift = 1`` (the default); else :func:`stratified_levels`."""
+        c = self.config
+        if c.levels == 1 and c.level_shift == 1.0:
+            return super().sample_times(n, generator)
+        return stratified_levels(n, c.levels, c.level_shift, generator)
+
+    def lagged_decay(self, updates: int) -> float | None:
+        c = self.config
+        return ramp_decay(updates, c.decay_flat, c.decay_rate, c.decay_max) if c.old_policy == "lagged" else None
 
     def forward_process(self, batch: ForwardProcessInputs) -> tuple[Tensor, dict[str, float]]:
         c = self.config
