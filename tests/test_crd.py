@@ -120,6 +120,12 @@ def test_crd_trains_with_its_lagged_copy_and_resumes(tmp_path: Path) -> None:
     kept = {n: t.clone() for n, t in lagged.shadow.items()}
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["crd/implicit_abs"] == 0.0 and rows[1]["crd/implicit_abs"] > 0
+    # the logged schedule and how far the weights ran ahead of the copy after the last blend
+    assert [r["lagged/decay"] for r in rows[:2]] == [0.255, 0.26]
+    diff = sum(float((q.detach() - kept[n]).square().sum()) for n, q in trainer.named_params)
+    norm = sum(float(t.square().sum()) for t in kept.values())
+    assert rows[0]["lagged/distance"] > 0
+    assert math.isclose(rows[1]["lagged/distance"], (diff / norm) ** 0.5, rel_tol=1e-6)
     resumed = Trainer(load_recipe(ROOT / "recipes" / "crd.toml", [*small, "trainer.max_steps=3"]), tmp_path / "run",
                       quiet=True, resume=tmp_path / "run")
     try:

@@ -27,6 +27,14 @@ class LaggedPolicy(EMA):
         self.decay = decay
         self.update()
 
+    @torch.no_grad()
+    def distance(self) -> float:
+        """``||theta - old|| / ||old||`` over all trained parameters: how far the weights have moved ahead of the
+        copy (0 when it follows them exactly). Logged as ``lagged/distance`` after each blend."""
+        diff = sum(float((p.detach().float() - self.shadow[name].float()).square().sum()) for name, p in self.params)
+        norm = sum(float(self.shadow[name].float().square().sum()) for name, _ in self.params)
+        return (diff / norm) ** 0.5 if norm > 0 else 0.0
+
     @contextmanager
     def weights(self) -> Iterator[None]:
         """Inside: the transformer holds the lagged weights (call it without gradients, and before any forward

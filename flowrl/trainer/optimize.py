@@ -128,7 +128,9 @@ class PolicyUpdate:
             self.policy.step()
             self.updates += 1
             if self.lagged is not None:
-                self.lagged.blend(self._lagged_decay())
+                decay = self._lagged_decay()
+                self.lagged.blend(decay)
+                result.update({"lagged/decay": decay, "lagged/distance": self.lagged.distance()})
             result.update({"loss": float(total_loss), "grad_norm": float(grad_norm), **stats.result()})
             result.setdefault("clip_frac", 0.0)
             result["time/backward_s"] = backward_s
