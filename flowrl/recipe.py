@@ -257,6 +257,9 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
     ):
         why = f"loss {recipe.parts['loss'].type!r} keeps a lagged copy of the weights, which sharded runs lack"
         yield ("trainer.sharding", f"{why}; use 'none'")
+    if recipe.trainer.compile != "off" and recipe.trainer.sharding != "none":
+        yield ("trainer.compile", "compiling a sharded transformer is not supported here (FSDP2's per-block hooks "
+                                  "are untested under torch.compile); use 'off' with sharding")
     yield from update_checks(recipe)
     yield from capability_checks(recipe)
     yield from composition_checks(recipe)  # what each part provides and requires of the others (flowrl.composition)

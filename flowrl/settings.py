@@ -10,6 +10,8 @@ from attrs.validators import ge, gt, in_, le
 from flowrl.lr_schedule import LR_DECAYS
 from flowrl.update_modes import UPDATE_MODES
 
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # trainer.compile
+
 positive: Any = gt(0)
 
 
@@ -111,6 +113,12 @@ class TrainerConfig:
     eval_steps: int = attrs.field(default=16, validator=positive)  # ODE steps of evaluation samples (any method)
     max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
     gradient_checkpointing: bool = False
+    # torch.compile the transformer's forward (in place: parameter names, checkpoints and LoRA exports unchanged)
+    # with this mode; "off": eager. The first iterations pay the compilation (docs/performance.md gives the
+    # measured ratios; on the CPU it can lose)
+    compile: Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = attrs.field(
+        default="off", validator=in_(COMPILE_MODES)
+    )
     # "fsdp": shard the transformer's parameters, gradients and optimizer state over the processes (torch FSDP2,
     # one unit per transformer block; docs/distributed.md); "none": every process holds the whole model (DDP)
     sharding: Literal["none", "fsdp"] = attrs.field(default="none", validator=in_(("none", "fsdp")))

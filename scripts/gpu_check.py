@@ -12,7 +12,9 @@ RSS on a CPU). For FLUX-class models it also times the same model's plain diffus
 (``FluxPipeline.__call__``, same batch, steps and precision) and prints the ratio of the rollout throughput to
 it. Every model runs under both update modes (``trainer.update = "recompute"`` and ``"retain"``, as
 ``name:mode`` cases): the ratio of their iteration times is the recompute-free update's speed-up, and
-``retained`` the size of the graphs ``retain`` keeps (docs/performance.md). Each case runs in its own
+``retained`` the size of the graphs ``retain`` keeps (docs/performance.md). Without ``--tiny-only`` each
+larger model also runs with ``trainer.compile = "default"`` (``name:retain:compile``; its first, warm-up
+iteration holds the compilation and is left out like the others). Each case runs in its own
 process, so a CUDA fault in one leaves the others measurable; the
 script exits 1 if any case crashed or saw a non-finite reward, advantage, loss or gradient norm.
 ``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
@@ -315,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     # each model under both update modes (docs/performance.md): the rows' iteration times give the ratio
     cases = [(f"{name}:{mode}", {**data, "trainer": {**data["trainer"], "update": mode}})
              for name, data in cases for mode in ("recompute", "retain")]
+    # trainer.compile on the GPU: the ~1B FLUX and the paper-scale models compiled, beside their eager rows
+    cases += [(f"{name}:compile", {**data, "trainer": {**data["trainer"], "compile": "default"}})
+              for name, data in cases if name.endswith(":retain") and not name.startswith("tiny_")]
     if args.case is not None:
         data = dict(cases)[args.case]
         return 0 if run_case(args.case, data, max(2, args.iterations)) else NON_FINITE

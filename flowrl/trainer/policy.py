@@ -54,6 +54,8 @@ class TrainedPolicy:
             transformer.requires_grad_(True)
         if cfg.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()  # type: ignore[operator]
+        if cfg.compile != "off":  # in place (nn.Module.compile): the module, its parameters and their names stay
+            transformer.compile(mode=cfg.compile)
         for p in transformer.parameters():  # trained parameters (LoRA too) stay fp32 whatever the backbone's dtype
             if p.requires_grad:
                 p.data = p.data.float()
