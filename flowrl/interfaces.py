@@ -361,6 +361,11 @@ class ForwardProcessLoss(Loss):
         count."""
         return None
 
+    def samples_from_lagged(self) -> bool:
+        """True: the rollouts are sampled by the lagged copy of :meth:`lagged_decay` (which must then be a number),
+        so the old policy both samples and gives ``v_old``; False (the default): by the trained weights."""
+        return False
+
     @abstractmethod
     def forward_process(self, batch: ForwardProcessInputs) -> tuple[Tensor, dict[str, float]]:
         """The scalar loss and statistics for a micro-batch of re-noised rollouts."""

@@ -214,10 +214,21 @@ def test_conformance_with_each_option(options: dict) -> None:
 
 def recorded_run(tmp_path: Path, loss: dict) -> tuple[Trainer, list[ForwardProcessInputs], dict[str, torch.Tensor]]:
     """Two iterations on the tiny model, each micro-batch the loss saw kept (detached), and the initial weights."""
+    trainer = nft_trainer(tmp_path, loss)
+    initial = {n: p.detach().clone() for n, p in trainer.named_params}
+    seen = record_batches(trainer)
+    trainer.run()
+    return trainer, seen, initial
+
+
+def nft_trainer(tmp_path: Path, loss: dict) -> Trainer:
     data = nft_recipe(max_steps=2)
     data["loss"].update(loss)
-    trainer = Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True)
-    initial = {n: p.detach().clone() for n, p in trainer.named_params}
+    return Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True)
+
+
+def record_batches(trainer: Trainer) -> list[ForwardProcessInputs]:
+    """From now on each micro-batch the loss sees is kept (detached) in the returned list."""
     seen: list[ForwardProcessInputs] = []
     real = trainer.loss_fn.forward_process
 
@@ -228,8 +239,7 @@ def recorded_run(tmp_path: Path, loss: dict) -> tuple[Trainer, list[ForwardProce
         return real(batch)
 
     trainer.loss_fn.forward_process = record  # type: ignore[method-assign]
-    trainer.run()
-    return trainer, seen, initial
+    return seen
 
 
 def test_levels_repeat_each_rollout_in_one_update(tmp_path: Path) -> None:
@@ -269,7 +279,39 @@ def test_lagged_copy_is_the_old_velocity(tmp_path: Path) -> None:
     assert rollout.policy.lagged is None and all(torch.equal(b.v_old, b.v) for b in seen)
 
 
-@pytest.mark.parametrize("overrides", [["loss.old_policy=lagged"], ["loss.levels=3", "loss.level_shift=3.0"]])
+def test_the_old_policy_samples_the_rollouts_when_asked(tmp_path: Path) -> None:
+    """sampler_policy = "old" with a copy kept at the initial weights (decay 1): the first rollout is the one the
+    trained policy draws (the copy equals the weights), the second is the initial policy's at that step, bit for
+    bit, and differs from the trained policy's; the trained weights are back in place after each sampling."""
+    keep = {"old_policy": "lagged", "decay_rate": 1.0, "decay_max": 1.0}
+    old, seen_old, initial = recorded_run(tmp_path / "old", {**keep, "sampler_policy": "old"})
+    _, seen_new, _ = recorded_run(tmp_path / "new", keep)
+    half = len(seen_old) // 2
+
+    def x0(seen: list[ForwardProcessInputs]) -> torch.Tensor:
+        return torch.cat([b.x0 for b in seen])
+
+    assert torch.equal(x0(seen_old[:half]), x0(seen_new[:half]))
+    assert not torch.equal(x0(seen_old[half:]), x0(seen_new[half:]))
+    fresh = nft_trainer(tmp_path / "fresh", keep)  # the initial weights, drawing the second iteration's rollout
+    seen_fresh = record_batches(fresh)
+    fresh.step = 1
+    fresh.iteration()
+    assert torch.equal(x0(seen_fresh), x0(seen_old[half:]))
+    assert any(not torch.equal(p.detach(), initial[n]) for n, p in old.named_params)  # trained, not the copy
+
+
+def test_old_policy_sampling_needs_the_lagged_copy() -> None:
+    with pytest.raises(flowrl.RecipeError, match=r"\[loss.sampler_policy\] 'old' samples with the lagged copy"):
+        data = nft_recipe(max_steps=2)
+        data["loss"]["sampler_policy"] = "old"
+        recipe_from_dict(data)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["loss.old_policy=lagged"], ["loss.levels=3", "loss.level_shift=3.0"],
+    ["loss.old_policy=lagged", "loss.sampler_policy=old", "loss.levels=9", "loss.level_shift=3.0"],  # official form
+])
 def test_recipe_runs_two_iterations_with_each_option(tmp_path: Path, overrides: list[str]) -> None:
     recipe = shipped_tiny("diffusion_nft", ["sampler.group_size=2", *overrides])
     Trainer(recipe, tmp_path / "run", quiet=True).run()

@@ -186,9 +186,9 @@ class Trainer:
             self.selector.observe(self.backbone, prompts, self.schedule)
             plan = iteration_plan(self.selector, self.schedule, step, generator(seed, step, "plan"),
                                   self.recipe.schedule.final_sde, self.recipe.parts["selector"].type)
-            # 2. rollout with the current (old) policy
+            # 2. rollout with the current (old) policy, or the loss's lagged copy where it samples with it
             rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
-            with self.updater.recording(plan):  # trainer.update = "retain": the trained inputs keep their graphs
+            with self.updater.recording(plan), self.updater.sampling():  # retain: trained inputs keep their graphs
                 rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
         nfe_iteration = self.backbone.nfe - nfe0
         t_rollout = time.perf_counter() - t0

@@ -61,6 +61,13 @@ class PolicyUpdate:
         self.rows = 0  # transformer rows of the last update: each forward row twice (with its backward), each
         # retained row once (its forward was the rollout's)
 
+    def sampling(self) -> AbstractContextManager[None]:
+        """The context of the rollout's sampling: the lagged copy's weights where the loss samples with them
+        (``ForwardProcessLoss.samples_from_lagged``; a no-gradient phase), else the trained weights."""
+        if self.lagged is None or not isinstance(self.loss_fn, ForwardProcessLoss):
+            return nullcontext()
+        return self.lagged.weights() if self.loss_fn.samples_from_lagged() else nullcontext()
+
     def recording(self, plan: Plan) -> AbstractContextManager[None]:
         """The context of the rollout: with ``retain``, the trained inputs' forwards keep their graphs."""
         self.retained = None

@@ -62,7 +62,8 @@ class DiffusionNFTLoss(ForwardProcessLoss):
     ``old_policy = "rollout"`` (default): ``v_old`` is the policy that sampled the rollouts. ``"lagged"``: a
     copy of the weights kept by the trainer, ``old <- d old + (1 - d) theta`` after each optimizer step, with
     ``d`` :func:`ramp_decay` of the steps taken (the official code's schedules: ``decay_flat = 0, decay_rate =
-    0.001, decay_max = 0.5`` by default, ``75, 0.0075, 0.999`` for its OCR runs). ``levels = k``: each rollout is
+    0.001, decay_max = 0.5`` by default, ``75, 0.0075, 0.999`` for its OCR runs); with ``sampler_policy = "old"``
+    the copy also samples the rollouts, as in the official code. ``levels = k``: each rollout is
     re-noised at ``k`` times per update (:func:`stratified_levels`, one in each of ``k`` bins of the shifted
     time axis), ``k`` loss rows per rollout averaged in one optimizer step.
     """
@@ -79,6 +80,8 @@ class DiffusionNFTLoss(ForwardProcessLoss):
         decay_flat: int = attrs.field(default=0, validator=ge(0))  # lagged: steps at decay 0 (the copy follows)
         decay_rate: float = attrs.field(default=0.001, validator=ge(0))  # lagged: decay growth per step after them
         decay_max: float = attrs.field(default=0.5, validator=[ge(0), le(1)])  # lagged: the decay's cap
+        # who samples the rollouts: "policy" (the trained weights) or "old" (the lagged copy, as the official code)
+        sampler_policy: Literal["policy", "old"] = attrs.field(default="policy", validator=in_(("policy", "old")))
         levels: int = attrs.field(default=1, validator=ge(1))  # noise levels per rollout and update
         level_shift: float = attrs.field(default=1.0, validator=gt(0))  # time shift of the levels (1: uniform bins)
 
@@ -100,6 +103,15 @@ class DiffusionNFTLoss(ForwardProcessLoss):
     def lagged_decay(self, updates: int) -> float | None:
         c = self.config
         return ramp_decay(updates, c.decay_flat, c.decay_rate, c.decay_max) if c.old_policy == "lagged" else None
+
+    def samples_from_lagged(self) -> bool:
+        return self.config.sampler_policy == "old"
+
+    @staticmethod
+    def check_config(config: DiffusionNFTLoss.Config) -> list[tuple[str, str]]:
+        if config.sampler_policy == "old" and config.old_policy != "lagged":
+            return [("sampler_policy", "'old' samples with the lagged copy, which needs old_policy = \"lagged\"")]
+        return []
 
     def forward_process(self, batch: ForwardProcessInputs) -> tuple[Tensor, dict[str, float]]:
         c = self.config
