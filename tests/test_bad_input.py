@@ -1,8 +1,8 @@
 """Malformed inputs as a user meets them: the real CLI, one clear message, exit status 2, nothing lost.
 
-Each entry of :data:`CASES` (tests/bad_input_cases.py) is one row of the table in ``docs/errors.md``; that table is generated from this
-list (``python tests/test_bad_input.py`` rewrites it) and :func:`test_docs_table_is_current` checks it,
-so every message in the docs is one these tests observed.
+Each entry of :data:`CASES` (tests/bad_input_cases.py) is one row of the table in ``docs/errors.md``; that
+table is generated from this list (``python tests/test_bad_input.py`` rewrites it) and
+:func:`test_docs_table_is_current` checks it, so every message in the docs is one these tests observed.
 """
 
 from __future__ import annotations
