@@ -26,6 +26,7 @@ import torch
 from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
+from flowrl.backbones.prompt_cache import cached_encodings
 from flowrl.backbones.vocabulary import UnknownWords
 from flowrl.interfaces import Backbone
 from flowrl.registry import register
@@ -129,9 +130,7 @@ class FluxAdapter(Backbone):
         return self
 
     def encode(self, prompts: list[str]) -> Conditioning:
-        missing = sorted({p for p in prompts if p not in self._cache})
-        if missing:
-            self._unknown.check(missing)
+        def encode(missing: list[str]) -> list[tuple[Tensor, Tensor]]:
             with torch.no_grad():
                 embeds, pooled, text_ids = self.pipe.encode_prompt(
                     prompt=missing,
@@ -140,9 +139,9 @@ class FluxAdapter(Backbone):
                     max_sequence_length=self.config.max_sequence_length,
                 )
             self._text_ids = text_ids
-            for i, prompt in enumerate(missing):
-                self._cache[prompt] = (embeds[i].float(), pooled[i].float())
-        rows = [self._cache[p] for p in prompts]
+            return list(zip(embeds.float(), pooled.float(), strict=True))
+
+        rows = cached_encodings(self._cache, self._unknown, prompts, encode)
         return Conditioning({"embeds": torch.stack([r[0] for r in rows]), "pooled": torch.stack([r[1] for r in rows])})
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:

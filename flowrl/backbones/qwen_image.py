@@ -47,6 +47,7 @@ from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
 from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
+from flowrl.backbones.prompt_cache import cached_encodings
 from flowrl.backbones.vocabulary import UnknownWords
 from flowrl.interfaces import Backbone
 from flowrl.registry import register
@@ -164,12 +165,7 @@ class QwenImageAdapter(Backbone):
     def encode(self, prompts: list[str]) -> Conditioning:
         """``embeds`` ``(B, max_sequence_length, width)`` zero-padded and ``mask`` ``(B, max_sequence_length)``
         (1 on a prompt's tokens), each prompt encoded once."""
-        missing = sorted({p for p in prompts if p not in self._cache})
-        self._unknown.check(missing)
-        if missing:
-            for prompt, states in zip(missing, self._encode(missing), strict=True):
-                self._cache[prompt] = states
-        rows = [self._cache[p] for p in prompts]
+        rows = cached_encodings(self._cache, self._unknown, prompts, self._encode)
         size, width = int(self.config.max_sequence_length), rows[0].shape[1]
         embeds = torch.zeros(len(rows), size, width, device=rows[0].device)
         mask = torch.zeros(len(rows), size, dtype=torch.long, device=rows[0].device)

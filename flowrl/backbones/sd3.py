@@ -20,6 +20,7 @@ from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
 from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
+from flowrl.backbones.prompt_cache import cached_encodings
 from flowrl.backbones.vocabulary import UnknownWords
 from flowrl.interfaces import Backbone
 from flowrl.registry import register
@@ -103,13 +104,7 @@ class SD3Adapter(Backbone):
         return embeds.float(), pooled.float()
 
     def encode(self, prompts: list[str]) -> Conditioning:
-        missing = sorted({p for p in prompts if p not in self._cache})
-        self._unknown.check(missing)
-        if missing:
-            embeds, pooled = self._encode(missing)
-            for i, prompt in enumerate(missing):
-                self._cache[prompt] = (embeds[i], pooled[i])
-        rows = [self._cache[p] for p in prompts]
+        rows = cached_encodings(self._cache, self._unknown, prompts, lambda m: zip(*self._encode(m), strict=True))
         return Conditioning({"embeds": torch.stack([r[0] for r in rows]), "pooled": torch.stack([r[1] for r in rows])})
 
     def unconditional(self) -> tuple[Tensor, Tensor]:

@@ -36,6 +36,7 @@ from attrs.validators import ge, gt, in_
 from torch import Tensor, nn
 
 from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
+from flowrl.backbones.prompt_cache import cached_encodings
 from flowrl.backbones.vocabulary import UnknownWords
 from flowrl.interfaces import Backbone
 from flowrl.registry import register
@@ -165,13 +166,8 @@ class WanAdapter(Backbone):
         return embeds.float()  # type: ignore[no-any-return]
 
     def encode(self, prompts: list[str]) -> Conditioning:
-        missing = sorted({p for p in prompts if p not in self._cache})
-        if missing:
-            self._unknown.check(missing)
-            embeds = self._encode(missing)
-            for i, prompt in enumerate(missing):
-                self._cache[prompt] = embeds[i]
-        return Conditioning({"embeds": torch.stack([self._cache[p] for p in prompts])})
+        rows = cached_encodings(self._cache, self._unknown, prompts, self._encode)
+        return Conditioning({"embeds": torch.stack(rows)})
 
     def unconditional(self) -> Tensor:
         """The negative prompt's embeddings (one row), encoded once."""
