@@ -29,7 +29,7 @@ from diffusers.models.transformers.transformer_flux2 import (
 from torch import Tensor, nn
 
 from flowrl.backbones.attention_options import AttentionEntropyOptions
-from flowrl.backbones.flux_attention import EntropyRecorder, softmax_entropy, unwrap
+from flowrl.backbones.flux_attention import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
 
 if TYPE_CHECKING:
     from flowrl.backbones.flux2 import Flux2Adapter
@@ -127,30 +127,18 @@ def attention_modules(transformer: nn.Module) -> list[Any]:
 @contextmanager
 def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text_len: int) -> Iterator[EntropyRecorder]:
     """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    modules = attention_modules(unwrap(transformer))
-    chosen = options.layers or tuple(range(len(modules)))
-    bad = [i for i in chosen if i >= len(modules)]
-    if bad:
-        raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} attention modules")
     recorder = EntropyRecorder()
-    originals = {i: modules[i].processor for i in chosen}
-    try:
-        for i in chosen:
-            old = originals[i]
-            probe_cls = PROBES.get(type(old))
-            if probe_cls is None:
-                raise NotImplementedError(
-                    f"attention layer {i} uses {type(old).__name__}; the probe replaces only "
-                    f"{' and '.join(t.__name__ for t in PROBES)}"
-                )
-            probe = probe_cls()
-            probe.setup(recorder, i, text_len, options)
-            probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
-            modules[i].set_processor(probe)
+
+    def make(i: int, old: Any) -> Any:
+        probe_cls = PROBES.get(type(old))
+        if probe_cls is None:
+            raise refuse(i, old, " and ".join(t.__name__ for t in PROBES))
+        probe = probe_cls()
+        probe.setup(recorder, i, text_len, options)
+        return probe
+
+    with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
         yield recorder
-    finally:
-        for i, old in originals.items():
-            modules[i].set_processor(old)
 
 
 def velocity_and_entropy(

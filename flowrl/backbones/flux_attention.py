@@ -15,7 +15,7 @@ the capability ``flowrl.interfaces.AttentionEntropyProbe``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -151,29 +151,47 @@ def unwrap(module: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text_len: int) -> Iterator[EntropyRecorder]:
-    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    modules = attention_modules(unwrap(transformer))
-    chosen = options.layers or tuple(range(len(modules)))
+def swapped_processors(
+    modules: list[Any], layers: tuple[int, ...], make: Callable[[int, Any], Any]
+) -> Iterator[None]:
+    """Inside: each chosen attention module (every one when ``layers`` is empty) runs ``make(i, original)``, a
+    probe processor that takes over the original's attention backend; the originals are restored on exit (also
+    on error). ``make`` raises NotImplementedError for a processor its probe cannot replace; an index past the
+    modules is a ValueError."""
+    chosen = layers or tuple(range(len(modules)))
     bad = [i for i in chosen if i >= len(modules)]
     if bad:
         raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} attention modules")
-    recorder = EntropyRecorder()
     originals = {i: modules[i].processor for i in chosen}
     try:
         for i in chosen:
             old = originals[i]
-            if not isinstance(old, FluxAttnProcessor) or type(old).__call__ is not FluxAttnProcessor.__call__:
-                raise NotImplementedError(
-                    f"attention layer {i} uses {type(old).__name__}; the probe replaces only FluxAttnProcessor"
-                )
-            probe = EntropyProbeProcessor(recorder, i, text_len, options)
+            probe = make(i, old)
             probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
             modules[i].set_processor(probe)
-        yield recorder
+        yield
     finally:
         for i, old in originals.items():
             modules[i].set_processor(old)
+
+
+def refuse(i: int, old: Any, replaced: str) -> NotImplementedError:
+    """The error for attention layer ``i`` whose processor ``old`` is not one the probe can replace."""
+    return NotImplementedError(f"attention layer {i} uses {type(old).__name__}; the probe replaces only {replaced}")
+
+
+@contextmanager
+def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text_len: int) -> Iterator[EntropyRecorder]:
+    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
+    recorder = EntropyRecorder()
+
+    def make(i: int, old: Any) -> EntropyProbeProcessor:
+        if not isinstance(old, FluxAttnProcessor) or type(old).__call__ is not FluxAttnProcessor.__call__:
+            raise refuse(i, old, "FluxAttnProcessor")
+        return EntropyProbeProcessor(recorder, i, text_len, options)
+
+    with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
+        yield recorder
 
 
 def velocity_and_entropy(

@@ -31,7 +31,7 @@ from diffusers.models.transformers.transformer_qwenimage import (
 from torch import Tensor, nn
 
 from flowrl.backbones.attention_options import AttentionEntropyOptions
-from flowrl.backbones.flux_attention import EntropyRecorder, unwrap
+from flowrl.backbones.flux_attention import EntropyRecorder, refuse, swapped_processors, unwrap
 
 if TYPE_CHECKING:
     from flowrl.backbones.qwen_image import QwenImageAdapter
@@ -153,27 +153,15 @@ def entropy_probe(
     transformer: nn.Module, options: AttentionEntropyOptions, recorder: EntropyRecorder
 ) -> Iterator[None]:
     """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    modules = attention_modules(unwrap(transformer))
-    chosen = options.layers or tuple(range(len(modules)))
-    bad = [i for i in chosen if i >= len(modules)]
-    if bad:
-        raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} attention modules")
-    originals = {i: modules[i].processor for i in chosen}
-    try:
-        for i in chosen:
-            old = originals[i]
-            base = QwenDoubleStreamAttnProcessor2_0
-            if not isinstance(old, base) or type(old).__call__ is not base.__call__:
-                raise NotImplementedError(
-                    f"attention layer {i} uses {type(old).__name__}; the probe replaces only {base.__name__}"
-                )
-            probe = QwenEntropyProbeProcessor(recorder, i, options)
-            probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
-            modules[i].set_processor(probe)
+    base = QwenDoubleStreamAttnProcessor2_0
+
+    def make(i: int, old: Any) -> QwenEntropyProbeProcessor:
+        if not isinstance(old, base) or type(old).__call__ is not base.__call__:
+            raise refuse(i, old, base.__name__)
+        return QwenEntropyProbeProcessor(recorder, i, options)
+
+    with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
         yield
-    finally:
-        for i, old in originals.items():
-            modules[i].set_processor(old)
 
 
 def velocity_and_entropy(

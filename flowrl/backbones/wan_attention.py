@@ -25,7 +25,7 @@ from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get
 from torch import Tensor, nn
 
 from flowrl.backbones.attention_options import AttentionEntropyOptions
-from flowrl.backbones.flux_attention import EntropyRecorder, softmax_entropy, unwrap
+from flowrl.backbones.flux_attention import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
 
 if TYPE_CHECKING:
     from flowrl.backbones.wan import WanAdapter
@@ -83,27 +83,15 @@ def attention_modules(transformer: nn.Module, keys: str) -> list[Any]:
 @contextmanager
 def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions) -> Iterator[EntropyRecorder]:
     """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    modules = attention_modules(unwrap(transformer), options.keys)
-    chosen = options.layers or tuple(range(len(modules)))
-    bad = [i for i in chosen if i >= len(modules)]
-    if bad:
-        raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} blocks")
     recorder = EntropyRecorder()
-    originals = {i: modules[i].processor for i in chosen}
-    try:
-        for i in chosen:
-            old = originals[i]
-            if type(old) is not WanAttnProcessor:
-                raise NotImplementedError(
-                    f"attention layer {i} uses {type(old).__name__}; the probe replaces only WanAttnProcessor"
-                )
-            probe = WanEntropyProbeProcessor(recorder, i, options)
-            probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
-            modules[i].set_processor(probe)
+
+    def make(i: int, old: Any) -> WanEntropyProbeProcessor:
+        if type(old) is not WanAttnProcessor:
+            raise refuse(i, old, "WanAttnProcessor")
+        return WanEntropyProbeProcessor(recorder, i, options)
+
+    with swapped_processors(attention_modules(unwrap(transformer), options.keys), options.layers, make):
         yield recorder
-    finally:
-        for i, old in originals.items():
-            modules[i].set_processor(old)
 
 
 def velocity_and_entropy(
