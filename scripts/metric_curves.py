@@ -3,11 +3,12 @@
     python scripts/metric_curves.py runs/bench-a/runs/crd/seed* runs/bench-b/runs/crd_kl1/seed* \
         --keys crd/implicit_abs,kl,lagged/distance,eval/strict --out curves.png [--smooth 9] [--log crd/implicit_abs]
 
-Each RUN is a run folder (its ``metrics.jsonl``); its label is ``<method folder>/<seed folder>``, and runs of one
-method share a colour. ``--smooth K`` draws the running mean over K iterations (evaluation keys, which are
+Each RUN is a run folder (its ``metrics.jsonl``); runs of one method (one parent folder, as a bench lays them
+out) share a colour and a legend entry. ``--smooth K`` draws the running mean over K iterations (evaluation keys, which are
 logged only every few thousand NFE, are drawn as points joined by lines, never smoothed). ``--log`` puts the
-named keys on a log scale. A key that a run never logged is left out of that run's panel; a run folder without
-``metrics.jsonl`` is an error naming it (exit status 2).
+named keys on a log scale; ``--labels crd=paper anchor,...`` names the methods in the legend. A key that a run
+never logged is left out of that run's panel; a run folder without ``metrics.jsonl`` is an error naming it
+(exit status 2).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="the PNG to write")
     parser.add_argument("--smooth", type=int, default=1, help="running mean over this many iterations (default 1)")
     parser.add_argument("--log", default="", help="comma-separated keys drawn on a log scale")
+    parser.add_argument("--labels", default="", help="legend labels by method folder: name=label,...")
     args = parser.parse_args(argv)
     for run in args.runs:
         if not (run / "metrics.jsonl").is_file():
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     keys = [k for k in args.keys.split(",") if k]
     logs = set(filter(None, args.log.split(",")))
+    names = dict(item.split("=", 1) for item in args.labels.split(",") if "=" in item)
     methods = sorted({run.parent.name for run in args.runs})
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             evaluation = key.startswith("eval/")
             shown = values if evaluation or args.smooth <= 1 else running_mean(values, args.smooth)
             method = run.parent.name
-            label = method if run == next(r for r in args.runs if r.parent.name == method) else None
+            first = run == next(r for r in args.runs if r.parent.name == method)
+            label = names.get(method, method) if first else None
             ax.plot(steps, shown, color=colours[method], alpha=0.75, lw=1.2, marker="o" if evaluation else None,
                     ms=3, label=label)
         ax.set_title(key + ("" if key.startswith("eval/") or args.smooth <= 1 else f" (mean of {args.smooth})"))
