@@ -4,8 +4,8 @@
         --keys crd/implicit_abs,kl,lagged/distance,eval/strict --out curves.png [--smooth 9] [--log crd/implicit_abs]
 
 Each RUN is a run folder (its ``metrics.jsonl``); runs of one method (one parent folder, as a bench lays them
-out) share a colour and a legend entry. ``--smooth K`` draws the running mean over K iterations (evaluation keys, which are
-logged only every few thousand NFE, are drawn as points joined by lines, never smoothed). ``--log`` puts the
+out) share a colour and a legend entry. ``--smooth K`` draws the running mean over K iterations (evaluation
+keys, logged only every few thousand NFE, are drawn as points joined by lines, never smoothed). ``--log`` puts the
 named keys on a log scale; ``--labels crd=paper anchor,...`` names the methods in the legend. A key that a run
 never logged is left out of that run's panel; a run folder without ``metrics.jsonl`` is an error naming it
 (exit status 2).
