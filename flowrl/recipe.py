@@ -256,7 +256,7 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
         and recipe.parts["loss"].build().lagged_decay(0) is not None
     ):
         why = f"loss {recipe.parts['loss'].type!r} keeps a lagged copy of the weights, which sharded runs lack"
-        yield ("trainer.sharding", f"{why}; use 'none'")
+        yield ("trainer.sharding", f"{why}; use 'none', or loss settings that keep no lagged copy")
     if recipe.trainer.compile != "off" and recipe.trainer.sharding != "none":
         yield ("trainer.compile", "compiling a sharded transformer is not supported here (FSDP2's per-block hooks "
                                   "are untested under torch.compile); use 'off' with sharding")

@@ -142,7 +142,7 @@ def test_an_adaptive_anchor_that_falls_with_the_reward_is_refused(tmp_path: Path
     from flowrl.cli.main import main
 
     recipe = tmp_path / "r.toml"
-    recipe.write_text((ROOT / "recipes" / "crd.toml").read_text().replace("kl_min = 1e-4", "kl_min = 0.5"))
+    recipe.write_text((ROOT / "recipes" / "crd.toml").read_text().replace("kl_min = 1e-4", "kl_min = 1.5"))
     assert main(["validate", str(recipe)]) == 2
     captured = capsys.readouterr()
     err = captured.err + captured.out
@@ -151,8 +151,8 @@ def test_an_adaptive_anchor_that_falls_with_the_reward_is_refused(tmp_path: Path
 
 def test_a_sharded_run_with_a_lagged_copy_is_refused_before_anything_is_built(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """The lagged copy's weight swap needs unsharded weights: validate and train refuse CRD with
-    trainer.sharding = "fsdp", exit 2, naming the file and the key; a forward-process loss without a lagged copy
-    (DiffusionNFT) validates sharded."""
+    trainer.sharding = "fsdp", exit 2, naming the file and the key; DiffusionNFT likewise with its shipped lagged
+    copy, and validates sharded without it."""
     from flowrl.cli.main import main
 
     crd = str(ROOT / "recipes" / "crd.toml")
@@ -162,4 +162,7 @@ def test_a_sharded_run_with_a_lagged_copy_is_refused_before_anything_is_built(tm
         err = captured.err + captured.out
         assert crd in err and "[trainer.sharding]" in err and "lagged copy" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
-    assert main(["validate", str(ROOT / "recipes" / "diffusion_nft.toml"), "--set", "trainer.sharding=fsdp"]) == 0
+    nft = str(ROOT / "recipes" / "diffusion_nft.toml")  # ships the lagged copy: refused too, and valid without it
+    assert main(["validate", nft, "--set", "trainer.sharding=fsdp"]) == 2
+    plain = ["--set", "loss.old_policy=rollout", "--set", "loss.sampler_policy=policy"]
+    assert main(["validate", nft, "--set", "trainer.sharding=fsdp", *plain]) == 0

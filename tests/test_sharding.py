@@ -209,7 +209,9 @@ def test_sharding_changes_nothing_for_probes_and_forward_process_losses(method: 
     from conftest import shipped_tiny
 
     for sharding in ("fsdp", "none"):
-        recipe = shipped_tiny(method, [f"trainer.sharding={sharding}", "trainer.prompts_per_step=1"])
+        # DiffusionNFT's shipped lagged old policy needs unsharded weights: its levels are kept, the copy is not
+        plain = ["loss.old_policy=rollout", "loss.sampler_policy=policy"] if method == "diffusion_nft" else []
+        recipe = shipped_tiny(method, [f"trainer.sharding={sharding}", "trainer.prompts_per_step=1", *plain])
         (tmp_path / f"{sharding}.toml").write_text(recipe.to_toml())
         run(command(tmp_path / f"{sharding}.toml", sharding, 2), tmp_path)
     fsdp, ddp = rows(tmp_path / "fsdp"), rows(tmp_path / "none")
