@@ -20,40 +20,25 @@ import argparse
 import math
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-OFF = ["trainer.eval_every=0", "trainer.eval_every_nfe=0", "trainer.kl_every=0", "trainer.max_minutes=0",
-       "trainer.checkpoint_every=0", "trainer.image_every=0", "trainer.torch_threads=1", "trainer.max_steps=1000"]
+from update_speed import recipe_names, side_by_side  # the same harness: scripts/ is on the path when run
 
 
 def measure(name: str, mode: str, iterations: int, warmup: int) -> dict[str, Any]:
     """Per variant: mean seconds per timed iteration and the warm-up seconds; whether the losses agreed."""
     import torch
 
-    from flowrl.recipe import load_recipe
-    from flowrl.trainer.loop import Trainer
-
     torch._dynamo.reset()  # each recipe compiles afresh: earlier recipes' graphs must not fill the cache
-    path = ROOT / "recipes" / f"{name}.toml"
     variants = {"eager": "off", "compiled": mode}
     seconds: dict[str, list[float]] = {v: [] for v in variants}
     losses: dict[str, list[float]] = {v: [] for v in variants}
-    with tempfile.TemporaryDirectory() as tmp:
-        trainers = {v: Trainer(load_recipe(path, [*OFF, f"trainer.compile={m}"]), Path(tmp) / v, quiet=True)
-                    for v, m in variants.items()}
-        try:
-            for _ in range(warmup + iterations):
-                for variant, trainer in trainers.items():
-                    metrics = trainer.iteration()
-                    seconds[variant].append(metrics["time/iteration_s"])
-                    losses[variant].append(float(metrics.get("loss", math.nan)))
-        finally:
-            for trainer in trainers.values():
-                trainer.logger.close()  # the TensorBoard writer's thread, before the folder goes
-                trainer.release()
+    with side_by_side(name, {v: f"trainer.compile={m}" for v, m in variants.items()}) as trainers:
+        for _ in range(warmup + iterations):
+            for variant, trainer in trainers.items():
+                metrics = trainer.iteration()
+                seconds[variant].append(metrics["time/iteration_s"])
+                losses[variant].append(float(metrics.get("loss", math.nan)))
     equal = all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6) for a, b in zip(*losses.values(), strict=True))
     return {
         "eager": statistics.fmean(seconds["eager"][warmup:]),
@@ -91,10 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     torch.set_num_threads(1)
-    names = args.recipes or sorted(p.stem for p in (ROOT / "recipes").glob("*.toml"))
-    missing = [n for n in names if not (ROOT / "recipes" / f"{n}.toml").is_file()]
-    if missing:
-        print(f"compile_speed: no recipe recipes/{missing[0]}.toml", file=sys.stderr)
+    names = recipe_names(args.recipes, "compile_speed")
+    if names is None:
         return 2
     results: dict[str, Any] = {}
     for name in tqdm(names, desc="compile_speed", unit="recipe", disable=args.markdown):

@@ -20,6 +20,8 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,33 +30,54 @@ OFF = ["trainer.eval_every=0", "trainer.eval_every_nfe=0", "trainer.kl_every=0",
        "trainer.checkpoint_every=0", "trainer.image_every=0", "trainer.torch_threads=1", "trainer.max_steps=1000"]
 
 
+@contextmanager
+def side_by_side(name: str, variants: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """One trainer per variant of ``recipes/<name>.toml`` (variant -> its one override, after :data:`OFF`), each in
+    its own folder of a temporary directory; their loggers closed and resources released on exit."""
+    from flowrl.recipe import load_recipe
+    from flowrl.trainer.loop import Trainer
+
+    path = ROOT / "recipes" / f"{name}.toml"
+    with tempfile.TemporaryDirectory() as tmp:
+        trainers = {v: Trainer(load_recipe(path, [*OFF, override]), Path(tmp) / v, quiet=True)
+                    for v, override in variants.items()}
+        try:
+            yield trainers
+        finally:
+            for trainer in trainers.values():
+                trainer.logger.close()  # the TensorBoard writer's thread, before the folder goes
+                trainer.release()
+
+
+def recipe_names(requested: list[str], tool: str) -> list[str] | None:
+    """``requested`` (default: every ``recipes/*.toml``), or None after a one-line error naming a missing one."""
+    names = requested or sorted(p.stem for p in (ROOT / "recipes").glob("*.toml"))
+    missing = [n for n in names if not (ROOT / "recipes" / f"{n}.toml").is_file()]
+    if missing:
+        print(f"{tool}: no recipe recipes/{missing[0]}.toml", file=sys.stderr)
+        return None
+    return names
+
+
 def measure(name: str, iterations: int) -> dict[str, dict[str, float]]:
     """Per mode: seconds, forwards and outside share per iteration (means over the timed iterations)."""
     from flowrl.recipe import load_recipe
-    from flowrl.trainer.loop import Trainer
     from flowrl.update_modes import resolve_update
 
     path = ROOT / "recipes" / f"{name}.toml"
     modes = ["recompute"] + (["retain"] if resolve_update(load_recipe(path)) == "retain" else [])
     figures: dict[str, dict[str, list[float]]] = {m: {"s": [], "forwards": [], "outside": [], "mb": []} for m in modes}
-    with tempfile.TemporaryDirectory() as tmp:
-        trainers = {m: Trainer(load_recipe(path, [*OFF, f"trainer.update={m}"]), Path(tmp) / m, quiet=True)
-                    for m in modes}
-        try:
-            for k in range(iterations + 1):
-                for mode, trainer in trainers.items():
-                    nfe0 = trainer.backbone.nfe
-                    metrics = trainer.iteration()
-                    if k == 0:
-                        continue  # warm-up
-                    figures[mode]["s"].append(metrics["time/iteration_s"])
-                    figures[mode]["forwards"].append(trainer.backbone.nfe - nfe0)
-                    figures[mode]["outside"].append(metrics["time/outside_share"])
-                    figures[mode]["mb"].append(metrics.get("update/retained_mb", 0.0))
-        finally:
-            for trainer in trainers.values():
-                trainer.logger.close()  # the TensorBoard writer's thread, before the folder goes
-                trainer.release()
+    with side_by_side(name, {m: f"trainer.update={m}" for m in modes}) as trainers:
+        for k in range(iterations + 1):
+            for mode, trainer in trainers.items():
+                nfe0 = trainer.backbone.nfe
+                metrics = trainer.iteration()
+                if k == 0:
+                    continue  # warm-up
+                figures[mode]["s"].append(metrics["time/iteration_s"])
+                figures[mode]["forwards"].append(trainer.backbone.nfe - nfe0)
+                figures[mode]["outside"].append(metrics["time/outside_share"])
+                figures[mode]["mb"].append(metrics.get("update/retained_mb", 0.0))
     return {m: {key: statistics.fmean(values) for key, values in f.items()} for m, f in figures.items()}
 
 
@@ -85,10 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm.auto import tqdm
 
     torch.set_num_threads(1)
-    names = args.recipes or sorted(p.stem for p in (ROOT / "recipes").glob("*.toml"))
-    missing = [n for n in names if not (ROOT / "recipes" / f"{n}.toml").is_file()]
-    if missing:
-        print(f"update_speed: no recipe recipes/{missing[0]}.toml", file=sys.stderr)
+    names = recipe_names(args.recipes, "update_speed")
+    if names is None:
         return 2
     results: dict[str, Any] = {}
     for name in tqdm(names, desc="update_speed", unit="recipe", disable=args.markdown):
