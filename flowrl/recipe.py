@@ -18,6 +18,7 @@ from flowrl.composition import composition_checks
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.errors import UserError
 from flowrl.interfaces import ForwardProcessLoss
+from flowrl.option_kinds import SEED_LIMIT
 from flowrl.registry import RegistryError, registry
 from flowrl.settings import LoraConfig, OptimConfig, ScheduleConfig, TrainerConfig
 from flowrl.update_modes import update_checks
@@ -162,8 +163,8 @@ def recipe_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), sou
     seed = data.get("seed", 0)
     if not isinstance(name, str):
         problems.append(("name", f"expected a string, got {name!r}"))
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        problems.append(("seed", f"expected a non-negative integer, got {seed!r}"))
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < SEED_LIMIT:
+        problems.append(("seed", f"expected an integer in [0, 2**63), got {seed!r}"))
     if problems:
         raise RecipeError(source, problems)
     recipe = Recipe(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
-from attrs.validators import ge, gt, in_, le
+from attrs.validators import ge, gt, in_, le, lt
 
 from flowrl.lr_schedule import LR_DECAYS
 from flowrl.update_modes import UPDATE_MODES
@@ -109,7 +109,7 @@ class TrainerConfig:
     # different NFE per iteration are then evaluated at the same budgets); 0 disables; either trigger evaluates
     eval_every_nfe: int = attrs.field(default=0, validator=ge(0))
     eval_prompts: int = attrs.field(default=64, validator=positive)  # how many held-out prompts to score
-    eval_seed: int = 0  # initial noise of the evaluation samples
+    eval_seed: int = attrs.field(default=0, validator=[ge(0), lt(2**63)])  # initial noise of the evaluation samples
     eval_steps: int = attrs.field(default=16, validator=positive)  # ODE steps of evaluation samples (any method)
     max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
     gradient_checkpointing: bool = False

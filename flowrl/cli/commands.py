@@ -21,6 +21,7 @@ USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 
 def train(args: argparse.Namespace) -> int:
     from flowrl.trainer import train as run_training
     from flowrl.trainer.summary import run_summary
+    from flowrl.trainer.writes import check_writable
 
     recipe = load_recipe(args.recipe, args.set)
     if args.resume:  # fail before any folder is created or written, and before any model loads
@@ -36,6 +37,7 @@ def train(args: argparse.Namespace) -> int:
     blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:  # before the model loads: the folder could never be made
         raise RunFolderError(f"--output-dir {run_dir}: {blocked} is a file, not a folder; choose another --output-dir")
+    check_writable(run_dir, "--output-dir")  # before the model loads
     out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     if os.environ.get("RANK", "0") == "0":
         print(run_summary(out, recipe.trainer.keep_best))

@@ -4,6 +4,9 @@ declares itself a video reward (``RewardModel.video = True``) gets the whole cli
 Which frames: the reward's ``frames`` (a recipe's ``[[reward]] frames``: a count evenly spaced, a list of
 indices, or ``"all"``; :func:`flowrl.video.frame_indices`). Images ``(B, 3, H, W)`` pass through unchanged, so
 every caller that scores a rollout's or an evaluation's pictures goes through these two functions.
+
+Each call hands the reward its own copy of the pictures and prompts: a reward that changes its input in place
+(``images.mul_(0)``) changes nothing another reward, the logged samples or a later evaluation sees.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ def _frames(model: RewardModel, clips: Tensor, prompts: list[str]) -> tuple[Tens
     """The chosen frames of every clip as one image batch (clip-major), their prompts, and frames per clip."""
     chosen = frame_indices(clips.shape[1], getattr(model, "frames", None))
     b, k = clips.shape[0], len(chosen)
-    images = clips[:, chosen].reshape(b * k, *clips.shape[2:])
+    images = clips[:, chosen].reshape(b * k, *clips.shape[2:])  # indexing with a list copies: the reward's own
     return images, [p for p in prompts for _ in range(k)], k
 
 
 def score_pictures(model: RewardModel, images: Tensor, prompts: list[str]) -> Tensor:
     """``model.score`` of images, of whole clips for a video reward, else the mean over each clip's frames."""
     if not is_clip(images) or model.video:
-        return model.score(images, prompts)
+        return model.score(images.clone(), list(prompts))
     frames, repeated, k = _frames(model, images, prompts)
     scores = model.score(frames, repeated)
     if not isinstance(scores, Tensor) or scores.shape != (frames.shape[0],):
@@ -37,6 +40,6 @@ def eval_pictures(model: RewardModel, images: Tensor, prompts: list[str]) -> dic
     """``model.eval_metrics`` of images or whole clips (a video reward), else of the clips' chosen frames with
     each clip's prompt: figures that are means over images become means over every chosen frame."""
     if not is_clip(images) or model.video:
-        return model.eval_metrics(images, prompts)
+        return model.eval_metrics(images.clone(), list(prompts))
     frames, repeated, _ = _frames(model, images, prompts)
     return model.eval_metrics(frames, repeated)

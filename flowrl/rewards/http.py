@@ -46,6 +46,19 @@ def _server_message(error: urllib.error.HTTPError) -> str:
         return body.strip()[:300]
 
 
+def read_until(response: Any, deadline: float) -> bytes:
+    """The response body, read in pieces until ``deadline`` (``time.monotonic()``): a socket timeout bounds
+    each read only, so a server that sends a byte at a time would otherwise hold an attempt indefinitely."""
+    pieces = []
+    while True:
+        piece = response.read1(65536)
+        if not piece:
+            return b"".join(pieces)
+        pieces.append(piece)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer did not arrive in time")
+
+
 class Endpoint:
     """One server address, with the retry policy of a ``[[reward]] type = "remote"`` table."""
 
@@ -79,8 +92,9 @@ class Endpoint:
             self.attempts += 1
             request = urllib.request.Request(address, data=data, method=method, headers=self.headers(data is not None))
             try:
+                deadline = time.monotonic() + self.timeout_s
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    text = response.read()
+                    text = read_until(response, deadline)
             except urllib.error.HTTPError as error:
                 message = _server_message(error)
                 if error.code not in RETRIED_STATUS:

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from flowrl.errors import UserError
 from flowrl.trainer.sharding import copy_full_into
+from flowrl.trainer.writes import refused_writes
 
 
 class CheckpointError(UserError, ValueError):
@@ -66,18 +67,58 @@ def save_checkpoint(
     beside it (None: prune nothing). ``staged``: :func:`begin_checkpoint` was called and every process has
     written its shard (:func:`save_shard`) into the staging folder."""
     folder = Path(folder)
-    tmp = staging(folder) if staged else begin_checkpoint(folder)
-    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / WEIGHTS))
-    torch.save(extra, tmp / "extra.pt")
-    (tmp / STATE).write_text(json.dumps(state, indent=2))
-    if also is not None:
-        also(tmp)
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    then = "free space and continue with --resume (the earlier checkpoints are complete)"
+    with refused_writes(folder, then):
+        tmp = staging(folder) if staged else begin_checkpoint(folder)
+        try:
+            save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / WEIGHTS))
+            torch.save(extra, tmp / "extra.pt")
+            (tmp / STATE).write_text(json.dumps(state, indent=2))
+            if also is not None:
+                also(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a half-written staging folder only takes space
+            raise
+        replace(folder, tmp)
     if keep is not None:
         prune(folder.parent, keep)
     return folder
+
+
+def replace(folder: Path, tmp: Path) -> None:
+    """Rename the complete ``tmp`` into ``folder``'s place so that a complete copy exists at every moment: an
+    older ``folder`` is first renamed aside (:func:`retired`) and deleted only once the new one is in place; a
+    kill between the two renames leaves the older copy, which :func:`recover` renames back."""
+    if not folder.exists():
+        tmp.rename(folder)
+        return
+    old = retired(folder)
+    if old.exists():
+        shutil.rmtree(old)
+    folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old)
+
+
+def retired(folder: Path) -> Path:
+    """Where a checkpoint folder waits while its replacement is renamed into place."""
+    return folder.with_name(folder.name + ".old")
+
+
+def recover(parent: Path) -> None:
+    """Rename back each checkpoint a kill left aside while replacing it (:func:`replace`) and drop those whose
+    replacement is complete; a folder that cannot be written is left as it is (read-only runs are read)."""
+    for old in parent.glob("*.old") if parent.is_dir() else ():
+        folder = old.with_name(old.name[: -len(".old")])
+        try:
+            if (folder / STATE).exists():
+                shutil.rmtree(old)
+            elif (old / STATE).exists():
+                if folder.exists():
+                    shutil.rmtree(folder)
+                old.rename(folder)
+        except OSError:
+            pass
 
 
 def staging(folder: Path) -> Path:
@@ -144,6 +185,7 @@ def find_checkpoint(path: Path, which: str = "last") -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such run or checkpoint folder; check the path")
+    recover(path / "checkpoints")
     if (path / STATE).exists():
         if which != "last":  # a choice among a run's checkpoints: refused, not ignored, for a checkpoint itself
             raise CheckpointError(f"{path} is a checkpoint folder, so checkpoint '{which}' cannot be chosen in it;"

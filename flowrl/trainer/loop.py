@@ -35,7 +35,7 @@ from flowrl.trainer.overlap import overlapped
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.resume import check_resume, record_resume
 from flowrl.trainer.rewards import reward_models, score_rollout
-from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
+from flowrl.trainer.runfolder import already_a_run, lock_run_folder
 from flowrl.trainer.saving import RunCheckpoints, best_figure
 from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything
@@ -101,10 +101,7 @@ class Trainer:
             if checkpoint is not None:
                 self._resume(checkpoint)
             elif (self.run_dir / "metrics.jsonl").exists():
-                raise RunFolderError(
-                    f"run folder {self.run_dir} already holds a run (metrics.jsonl); continue it with --resume "
-                    "or choose another --output-dir"
-                )
+                raise already_a_run(self.run_dir)
             self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, self.step, recipe)
         except BaseException:
             self.release()

@@ -74,9 +74,24 @@ def check_history(run_dir: Path, checkpoint: Path, step: int, log_every: int) ->
     path = Path(run_dir) / "metrics.jsonl"
     fix = f"restore it, or resume from {checkpoint} into a new --output-dir"
     if not path.exists():
+        if step == 0:  # stopped before anything was logged (a reward server lost in the first iteration)
+            return
         raise RunFolderError(f"{path} is missing: resuming at step {step} would lose the run's history; {fix}")
     steps = [int(row.get("step", -1)) for row in read_metrics(path) if isinstance(row, dict)]
     last = max(steps, default=-1)
     if step > 0 and last + log_every <= step:
         raise RunFolderError(f"{path} ends at step {last} but the checkpoint is at step {step} (the file was cut);"
                              f" {fix}")
+
+
+def already_a_run(run_dir: Path) -> RunFolderError:
+    """The refusal of a fresh run in a folder that holds one: continue it with ``--resume`` where it has a
+    checkpoint; where it stopped before its first one there is nothing to continue, so the folder is to be
+    removed or another chosen (never advice that the other command would refuse)."""
+    from flowrl.trainer.checkpoint import list_checkpoints
+
+    if list_checkpoints(run_dir / "checkpoints"):
+        return RunFolderError(f"run folder {run_dir} already holds a run (metrics.jsonl); continue it with --resume "
+                              "or choose another --output-dir")
+    return RunFolderError(f"run folder {run_dir} holds a run that stopped before its first checkpoint (nothing to "
+                          "--resume); remove the folder or choose another --output-dir")

@@ -65,13 +65,18 @@ class RunCheckpoints:
         self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, policy.accelerator
         self.components, self.grid = components, grid
         self.restart = RestartPoint(components, self.save, self.accelerator.num_processes)  # a served reward down
+        self.saved_step: int | None = None  # the step of the checkpoint written (or resumed from) last
 
     def save(self, counters: dict[str, Any]) -> Path | None:
         """Write ``checkpoints/step_N`` (the main process; every process takes part when sharded: the weights
-        and LoRA are gathered, and each process writes its slice of the optimizer and EMA state)."""
+        and LoRA are gathered, and each process writes its slice of the optimizer and EMA state). A step that
+        already has its checkpoint (the last step a multiple of ``checkpoint_every``, a stop signal after a
+        periodic checkpoint, ``--resume`` of a finished run) is not written again: nothing has changed since."""
         accelerator, policy, step = self.accelerator, self.policy, counters["step"]
-        accelerator.wait_for_everyone()
         folder = self.run_dir / "checkpoints" / f"step_{step:06d}"
+        if step == self.saved_step:
+            return folder if accelerator.is_main_process else None
+        accelerator.wait_for_everyone()
         weights, lora = policy.weights(), policy.lora_layers()
         bad = policy.non_finite(weights)
         if bad:  # never write a checkpoint a NaN has reached
@@ -85,6 +90,7 @@ class RunCheckpoints:
             accelerator.wait_for_everyone()
         with policy.inference():
             grid = self.grid(step)
+        self.saved_step = step  # on every process, so that all skip the same steps (a main-only write may fail)
         if not accelerator.is_main_process:
             return None
         best = counters["best_value"]
@@ -139,6 +145,8 @@ class RunCheckpoints:
         elif written:
             extra.update(merge_slices([load_shard(folder, rank, written) for rank in range(written)]))
         self.policy.load(weights, extra, folder, self.recipe.optim, sliced)
+        if Path(folder).resolve().parent == (self.run_dir / "checkpoints").resolve():  # this run's own
+            self.saved_step = int(state["step"])
         set_rng_state(extra["rng"], {})
         for name, part in self.components.items():
             if name in extra["components"]:  # checkpoints before every part's state was saved lack some

@@ -13,9 +13,19 @@ from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.saving import best_figure
 
 
+def _value(row: dict[str, Any], key: str) -> float:
+    """A figure of a metrics row; NaN where it is absent or was not finite (metrics.jsonl keeps those as null)."""
+    value = row.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+
+
+def _number(value: float) -> str:
+    return f"{value:.3f}" if math.isfinite(value) else "non-finite"
+
+
 def _with_se(row: dict[str, Any], key: str) -> str:
-    se = row.get(f"{key}_se")
-    return f"{row[key]:.3f} ± {se:.3f}" if isinstance(se, (int, float)) else f"{row[key]:.3f}"
+    value, se = _value(row, key), _value(row, f"{key}_se")
+    return f"{_number(value)} ± {se:.3f}" if math.isfinite(value) and math.isfinite(se) else _number(value)
 
 
 def _best(run_dir: Path) -> dict[str, Any] | None:
@@ -61,19 +71,20 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
         lines.append(f"evaluation: the reward reports no eval/strict or eval/score figure ({found})")
     else:
         first, final = evals[0], evals[-1]
-        change = final[key] - first[key]
+        change = _value(final, key) - _value(first, key)
+        moved = f"{change:+.3f}; " if math.isfinite(change) else ""
         lines.append(f"{key}: {_with_se(first, key)} at step {first['step']} -> {_with_se(final, key)} at step "
-                     f"{final['step']} ({change:+.3f}; held-out prompts, deterministic ODE samples)")
+                     f"{final['step']} ({moved}held-out prompts, deterministic ODE samples)")
         folder = run_dir / "checkpoints" / BEST
         if best is not None and math.isfinite(float(best["best"]["value"])):
             initial = " (the initial weights: no later evaluation beat them)" if best["step"] == 0 else ""
             lines.append(f"best: {best['best']['figure']} {best['best']['value']:.3f} at step {best['step']}{initial}, "
                          f"weights in {folder}")
         else:
-            lines.append(f"best: no evaluation beat step {first['step']}'s {first[key]:.3f}; no {folder}")
+            lines.append(f"best: no evaluation beat step {first['step']}'s {_number(_value(first, key))}; no {folder}")
     if trained and "reward/total" in trained[0]:
-        lines.append(f"training reward: {trained[0]['reward/total']:.3f} at step {trained[0]['step']} -> "
-                     f"{trained[-1]['reward/total']:.3f} at step {trained[-1]['step']} (SDE rollouts)")
+        lines.append(f"training reward: {_number(_value(trained[0], 'reward/total'))} at step {trained[0]['step']} "
+                     f"-> {_number(_value(trained[-1], 'reward/total'))} at step {trained[-1]['step']} (SDE rollouts)")
     alerts = _alerts(rows)
     lines.append("alerts: " + ("; ".join(alerts) + " (flowrl report shows when)" if alerts else "none fired"))
     lines.append("next:")

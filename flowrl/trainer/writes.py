@@ -1,0 +1,63 @@
+"""Writes into the run folder that the file system refuses: a full disk, a quota, a read-only or unwritable
+folder. These are the user's to mend, not bugs: one line naming the path and the cause (exit status 2 from the
+command line), and nothing half-written left behind by the caller."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from flowrl.errors import UserError
+
+REFUSALS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+            errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied",
+            errno.EPERM: "operation not permitted"}
+FULL_BELOW = 1 << 20  # bytes free under which a failed write is taken for a full disk (torch.save's own errors
+# name no cause: "unexpected pos ..." or "PytorchStreamWriter failed writing file")
+
+
+class WriteRefused(UserError, OSError):
+    """The file system refused a write into the run folder."""
+
+
+def refusal(error: BaseException, path: Path) -> str | None:
+    """Why the file system refused a write to ``path`` (None: ``error`` is not such a refusal)."""
+    if isinstance(error, OSError) and error.errno in REFUSALS:
+        return REFUSALS[error.errno]
+    try:
+        free = shutil.disk_usage(next(p for p in (path, *path.parents) if p.exists())).free
+    except (OSError, StopIteration):
+        return None
+    return "the disk is full" if free < FULL_BELOW else None
+
+
+@contextmanager
+def refused_writes(path: Path, then: str) -> Iterator[None]:
+    """Turn a refused write under ``path`` into a :class:`WriteRefused` naming it, the cause and ``then``
+    (what to do next); any other error passes unchanged."""
+    try:
+        yield
+    except WriteRefused:
+        raise
+    except Exception as error:
+        cause = refusal(error, Path(path))
+        if cause is None:
+            raise
+        raise WriteRefused(f"cannot write {path}: {cause}; {then}") from error
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Create ``folder`` and write a probe file in it, before any model loads: a :class:`WriteRefused` naming
+    ``option`` where that fails (root passes permission bits, so only writing tells)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".flowrl-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        cause = REFUSALS.get(error.errno or 0, error.strerror or str(error))
+        raise WriteRefused(f"{option} {folder}: cannot write there ({cause}); choose another {option}") from None
