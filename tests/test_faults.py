@@ -21,9 +21,8 @@ from flowrl import RewardModel
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.rewards.frames import eval_pictures, score_pictures
 from flowrl.rewards.http import Endpoint, RewardServerUnavailable
-from flowrl.trainer import Trainer
+from flowrl.trainer import Trainer, saving
 from flowrl.trainer import checkpoint as checkpoint_module
-from flowrl.trainer import saving
 from flowrl.trainer.checkpoint import find_checkpoint, list_checkpoints, save_checkpoint
 from flowrl.trainer.runfolder import check_history
 from flowrl.trainer.summary import run_summary
@@ -78,7 +77,8 @@ def _train(tmp_path: Path, name: str, rewards: list[dict[str, Any]], **trainer: 
 def test_the_trainer_scores_every_reward_on_the_rollout_images(tmp_path: Path) -> None:
     """Before, the second reward scored the first's zeroed images: all 0, zero advantages, no alert."""
     alone = _train(tmp_path, "alone", [{"type": "test_faults:Brightness"}])
-    after = _train(tmp_path, "after", [{"type": "test_faults:Zeroes", "weight": 0.0}, {"type": "test_faults:Brightness"}])
+    zeroes, brightness = {"type": "test_faults:Zeroes", "weight": 0.0}, {"type": "test_faults:Brightness"}
+    after = _train(tmp_path, "after", [zeroes, brightness])
     key = next(k for k in alone[-1] if k.startswith("reward/") and "Brightness" in k)
     assert after[-1][key] == alone[-1][key] > 0.05, (after[-1], alone[-1])
 

@@ -49,7 +49,7 @@ def _server_message(error: urllib.error.HTTPError) -> str:
 def read_until(response: Any, deadline: float) -> bytes:
     """The response body, read in pieces until ``deadline`` (``time.monotonic()``): a socket timeout bounds
     each read only, so a server that sends a byte at a time would otherwise hold an attempt indefinitely."""
-    pieces = []
+    pieces: list[bytes] = []
     while True:
         piece = response.read1(65536)
         if not piece:
