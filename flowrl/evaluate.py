@@ -15,9 +15,13 @@ from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import walk
 from flowrl.types import Plan, Schedule, Unit
 
+STREAM_CHUNK = 64  # rows sampled together, and the chunks initial noise is drawn in from one generator
+
 
 @torch.no_grad()
-def ode_images(backbone: Backbone, prompts: list[str], schedule: Schedule, seed: int, batch: int = 64) -> Tensor:
+def ode_images(
+    backbone: Backbone, prompts: list[str], schedule: Schedule, seed: int, batch: int = STREAM_CHUNK
+) -> Tensor:
     """Images for ``prompts`` by the deterministic ODE sampler; initial noise fixed by ``seed``."""
     return sample_images(backbone, prompts, schedule, seed, Plan(units=(), trained=()), batch)
 

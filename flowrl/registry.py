@@ -18,7 +18,7 @@ import attrs
 
 from flowrl.errors import UserError
 
-KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts")
+KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts", "suite")
 PLUGIN_GROUP = "flowrl.plugins"
 BUILTINS = "builtins"  # the entry point naming flowrl's own parts (pyproject.toml)
 BUILTINS_MODULE = "flowrl.components"
@@ -182,6 +182,7 @@ def build(kind: str, spec: Mapping[str, Any]) -> Any:
 
 def _init_registries() -> None:
     from flowrl import interfaces as i
+    from flowrl.suites.interface import Suite
 
     for kind, interface in (
         ("selector", i.TimestepSelector),
@@ -192,6 +193,7 @@ def _init_registries() -> None:
         ("kernel", i.TransitionKernel),
         ("backbone", i.Backbone),
         ("prompts", i.PromptSource),
+        ("suite", Suite),
     ):
         _REGISTRIES[kind] = Registry(kind, interface)
 

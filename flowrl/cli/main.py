@@ -121,10 +121,14 @@ def parser() -> argparse.ArgumentParser:
     from flowrl.bench.cli import configure as configure_bench
     from flowrl.pretrain.cli import configure as configure_pretrain
     from flowrl.serve.cli import configure as configure_serve
+    from flowrl.suites.cli import configure as configure_suite
+    from flowrl.suites.cli import configure_data
 
     configure_pretrain(sub.add_parser("pretrain", help="pre-train the embedded world's base model by flow matching"))
     configure_bench(sub.add_parser("bench", help="run recipes x seeds on the embedded benchmark; write a report"))
     configure_serve(sub.add_parser("serve", help="serve a reward over HTTP (for [[reward]] type = \"remote\")"))
+    configure_suite(sub.add_parser("suite", help="evaluation suites (GenEval, HPSv2, ...): generate, score, compare"))
+    configure_data(sub.add_parser("data", help="fetch a suite's prompt set from its public source"))
     return p
 
 

@@ -1,0 +1,189 @@
+"""``flowrl suite``: generate, score and compare checkpoints on an evaluation suite; ``flowrl data fetch``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import UserError
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from flowrl.cli.options import ExistingPath, KeyValue, Whole
+
+    sub = p.add_subparsers(dest="suite_command", required=True, metavar="STAGE")
+    run = sub.add_parser("run", help="generate and score checkpoints on a suite, then compare them")
+    run.add_argument("suite", help="a suite name (flowrl ls suite) or a TOML file: type = NAME and its settings")
+    run.add_argument("paths", nargs="+", type=ExistingPath("any", "run folder, checkpoint folder or recipe"),
+                     help="each a column: a recipe (its initial policy), a run folder (its last checkpoint) or a"
+                     " checkpoint folder (runs/X/checkpoints/best)")
+    run.add_argument("--out", required=True, help="results folder: OUT/<tag>/<suite>/")
+    run.add_argument("--tag", action="append", default=[], help="a column's name (one per path; default: the path's)")
+    run.add_argument("--stage", default="all", choices=("generate", "score", "all"))
+    run.add_argument("--shard", default=None, help="I/N: generate only prompts i with i %% N == I (default: the "
+                     "launcher's RANK/WORLD_SIZE)")
+    run.add_argument("--prompts", type=Whole(1), default=None, help="only the first N prompts (a subset: not"
+                     " comparable with published figures)")
+    run.add_argument("--protocol", action="append", default=[], type=KeyValue(), metavar="KEY=VALUE",
+                     help="change the pinned protocol (steps, images, seed, shift, guidance, resolution, noise): "
+                     "the result is marked not comparable")
+    run.add_argument("--set", action="append", default=[], type=KeyValue(), metavar="KEY=VALUE",
+                     help="a suite setting (prompts=FILE, detector=URL, ...)")
+    run.add_argument("--batch", type=Whole(1), default=16, help="images generated or scored together")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+    run.set_defaults(func=run_command)
+    cmp = sub.add_parser("compare", help="one table of scored result folders of one suite (the first: baseline)")
+    cmp.add_argument("folders", nargs="+", type=ExistingPath("folder", "suite result folder"))
+    cmp.add_argument("--out", default=None, help="write comparison.md/.json/.png here (default: print markdown)")
+    cmp.set_defaults(func=compare_command)
+
+
+def configure_data(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    f = sub.add_parser("fetch", help="download a prompt set from its public source (pinned checksum, licence)")
+    f.add_argument("name", help="geneval, geneval2, partiprompts, hpsv2, drawbench")
+    f.set_defaults(func=fetch_command)
+
+
+def fetch_command(args: argparse.Namespace) -> int:
+    from flowrl.suites.data import SOURCES, fetch
+
+    path = fetch(args.name)
+    print(f"wrote {path} (licence: {SOURCES[args.name][0].licence})")
+    return 0
+
+
+def _value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def build_suite(spec: str, settings: list[str]) -> tuple[str, Any, dict[str, Any]]:
+    """The suite's name, the built suite and its settings, from a name or a TOML file plus ``--set`` pairs."""
+    from flowrl.registry import build
+
+    table: dict[str, Any] = {"type": spec}
+    if spec.endswith(".toml"):
+        try:
+            table = tomllib.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise UserError(f"{spec}: not a readable TOML suite file ({error})") from None
+        if "type" not in table:
+            raise UserError(f"{spec}: no 'type' key naming the suite (flowrl ls suite)")
+        table["scorers"] = table.pop("scorer", table.get("scorers", ()))
+    table.update({key.strip(): _value(value) for key, _, value in (s.partition("=") for s in settings)})
+    name = str(table["type"])
+    try:
+        return name, build("suite", table), {k: v for k, v in table.items() if k != "type"}
+    except (TypeError, ValueError) as error:
+        raise UserError(f"suite {spec}: {error}") from None
+
+
+def _shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        index, count = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise UserError(f"--shard {text}: expected I/N, for example 0/4") from None
+    if not 0 <= index < count:
+        raise UserError(f"--shard {text}: I must be in 0..N-1")
+    return index, count
+
+
+def _tag(path: Path) -> str:
+    if path.suffix == ".toml":
+        return f"{path.stem}-initial"
+    if path.parent.name == "checkpoints":
+        return f"{path.parent.parent.name}-{path.name}"
+    return path.name
+
+
+def policy_for(path: Path, protocol: Any) -> tuple[Any, Any]:
+    """The policy of ``path`` made under ``protocol``, and the protocol with the base's own values filled in."""
+    import attrs
+
+    from flowrl.loading import load_policy
+    from flowrl.recipe import load_recipe
+    from flowrl.trainer.checkpoint import find_checkpoint
+    from flowrl.types import Schedule
+
+    recipe_file = path if path.suffix == ".toml" else find_checkpoint(path) / "recipe.toml"
+    fields = attrs.fields_dict(load_recipe(recipe_file).parts["backbone"].cls.Config)
+    overrides = []
+    for key in ("resolution", "guidance"):
+        wanted = getattr(protocol, key)
+        if wanted is not None:
+            if key not in fields:
+                raise UserError(f"the protocol sets {key} = {wanted}, but the base of {path} has no {key} setting;"
+                                f" run it with --protocol {key}=... matching the base (not comparable)")
+            overrides.append(f"backbone.{key}={wanted}")
+    policy = load_policy(path, overrides)
+    shift = protocol.shift if protocol.shift is not None else policy.recipe.schedule.shift
+    policy.schedule = Schedule(sigmas=policy.backbone.schedule_sigmas(protocol.steps, shift),
+                               kernel=policy.schedule.kernel)
+    config = policy.backbone.config
+    filled = attrs.evolve(protocol, shift=shift, guidance=getattr(config, "guidance", protocol.guidance),
+                          resolution=getattr(config, "resolution", protocol.resolution))
+    return policy, filled
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from flowrl.suites import stages
+    from flowrl.suites.compare import compare, markdown, plot
+
+    name, suite, settings = build_suite(args.suite, args.set)
+    pinned = suite.protocol()
+    try:
+        protocol = pinned.evolve({k.strip(): _value(v) for k, _, v in (p.partition("=") for p in args.protocol)})
+    except (KeyError, TypeError, ValueError) as error:
+        raise UserError(f"--protocol: {error}") from None
+    if args.tag and len(args.tag) != len(args.paths):
+        raise UserError(f"--tag given {len(args.tag)} times for {len(args.paths)} paths; give one per path or none")
+    tags = args.tag or [_tag(Path(p)) for p in args.paths]
+    shard = _shard(args.shard)
+    folders = [Path(args.out) / tag / name for tag in tags]
+    if args.stage in ("generate", "all"):
+        suite.items()  # the prompts are here, before any model loads
+        for path, tag, folder in zip(args.paths, tags, folders, strict=True):
+            policy, used = policy_for(Path(path), protocol)
+            print(policy.describe(), file=sys.stderr)
+            facts = {"suite": name, "config": settings, "protocol": used.to_dict(), "pinned": protocol == pinned,
+                     "limit": args.prompts, "tag": tag, "checkpoint": str(policy.source), "step": policy.step,
+                     "weights_sha256": stages.weights_hash(policy.source), "source": suite.source}
+            made = stages.generate(policy, suite, protocol, folder, facts, shard, args.prompts, args.batch, args.quiet)
+            print(f"{folder}: {made} images made", file=sys.stderr)
+    if args.stage == "generate" or (args.stage == "all" and shard[1] > 1):
+        return 0
+    for folder in folders:
+        summary = stages.score(suite, folder, args.batch, args.quiet)
+        print(f"{folder}: {summary['primary']} = {summary['figures'].get(summary['primary'])}", file=sys.stderr)
+    result = compare(folders)
+    out = Path(args.out) / f"comparison-{name}"
+    _write(result, out, markdown, plot)
+    print(markdown(result))
+    return 0
+
+
+def _write(result: dict[str, Any], out: Path, markdown: Any, plot: Any) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.json").write_text(json.dumps(result, indent=1, allow_nan=True))
+    (out / "comparison.md").write_text(markdown(result))
+    plot(result, out / "comparison.png")
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    from flowrl.suites.compare import compare, markdown, plot
+
+    result = compare([Path(f) for f in args.folders])
+    if args.out:
+        _write(result, Path(args.out), markdown, plot)
+    print(markdown(result))
+    return 0

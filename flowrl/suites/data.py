@@ -1,0 +1,101 @@
+"""Prompt sets fetched from their public sources (``flowrl data fetch NAME``) into the data folder
+(:func:`flowrl.suites.prompt_sets.data_root`), normalised to ``prompts.jsonl``; each with its licence. Files are
+pinned to a commit and a sha256 where the source is versioned; a download that does not match is refused.
+GenEval 2's prompts are CC BY-NC 4.0: fetched for your own evaluation, never shipped with flowrl."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from flowrl.errors import UserError
+from flowrl.suites.prompt_sets import data_root, read_items
+
+RAW = "https://raw.githubusercontent.com"
+
+
+@attrs.frozen
+class Source:
+    url: str
+    sha256: str | None  # None: the source is not versioned; the fetch records the sha256 it got
+    licence: str
+    convert: str  # how the file becomes prompts.jsonl: "geneval", "jsonl", "tsv", "json", "csv"
+
+
+SOURCES: dict[str, tuple[Source, ...]] = {
+    "geneval": (Source(f"{RAW}/djghosh13/geneval/af4902f24d3ca90ebbb446dd9891a59e0f82725f/prompts/"
+                       "evaluation_metadata.jsonl",
+                       "5c48e0813e812e3c373fa5c8ed07a8f0a483be30272b4427b0559c8048e67c13", "MIT", "geneval"),),
+    "geneval2": (Source(f"{RAW}/facebookresearch/GenEval2/a6e82d2289e8d418f27f0adee77908b07060eea3/"
+                        "geneval2_data.jsonl",
+                        "09233adbc9f877fba205f1a20efa4a8640e7e62a91dfd55893562bed8a928e43",
+                        "CC BY-NC 4.0 (non-commercial; never redistributed by flowrl)", "jsonl"),),
+    "partiprompts": (Source(f"{RAW}/google-research/parti/5a657978134374ce28973948331b319adef164bd/PartiPrompts.tsv",
+                            "fab29e41bb512a169b56acab4cf2a41dcb675e285df2efcde6640c7dd3c440eb", "Apache-2.0", "tsv"),),
+    "hpsv2": tuple(Source(f"https://huggingface.co/datasets/zhwang/HPDv2/resolve/main/benchmark/{style}.json", None,
+                          "HPDv2 dataset terms (Apache-2.0 code; the prompt files' own licence is not stated)", "json")
+                   for style in ("anime", "concept-art", "paintings", "photo")),
+    "drawbench": (Source("https://docs.google.com/spreadsheets/d/1y7nAbmR4FREi6npB1u-Bo3GFdwdOPYJc617rBOxIRHY/gviz/"
+                         "tq?tqx=out:csv", None, "unstated (the Imagen authors' published sheet)", "csv"),),
+}
+
+
+class FetchError(UserError, OSError):
+    """A prompt set that could not be fetched, or did not match its pinned checksum."""
+
+
+def _download(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return bytes(response.read())
+    except OSError as error:
+        raise FetchError(f"cannot fetch {url} ({error}); this needs a networked machine") from None
+
+
+def _rows(name: str, source: Source, raw: bytes) -> list[dict[str, Any]]:
+    text = raw.decode("utf-8")
+    if source.convert == "geneval":  # tag becomes the category; the clauses stay for the rules
+        return [{**row, "category": row["tag"]} for row in map(json.loads, text.splitlines()) if row]
+    if source.convert == "jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if source.convert == "json":
+        style = Path(source.url).stem
+        return [{"prompt": p, "category": style} for p in json.loads(text)]
+    if source.convert == "tsv":
+        lines = text.splitlines()
+        header = lines[0].split("\t")
+        return [dict(zip(["prompt" if h == "Prompt" else "category" if h == "Category" else h.lower()
+                          for h in header], line.split("\t"), strict=False)) for line in lines[1:] if line]
+    import csv
+    import io
+
+    return [{"prompt": r["Prompts"], "category": r.get("Category", "")} for r in csv.DictReader(io.StringIO(text))]
+
+
+def fetch(name: str, download: Callable[[str], bytes] = _download) -> Path:
+    """Fetch ``name``'s files, check them, write ``DATA/name/prompts.jsonl`` and ``SOURCE.json``; returns it."""
+    if name not in SOURCES:
+        raise FetchError(f"unknown prompt set '{name}' (known: {', '.join(SOURCES)})")
+    rows, seen = [], []
+    for source in SOURCES[name]:
+        raw = download(source.url)
+        digest = hashlib.sha256(raw).hexdigest()
+        if source.sha256 is not None and digest != source.sha256:
+            raise FetchError(f"{source.url}: sha256 {digest} is not the pinned {source.sha256}; nothing written")
+        rows += _rows(name, source, raw)
+        seen.append({"url": source.url, "sha256": digest, "pinned": source.sha256 is not None,
+                     "licence": source.licence})
+    folder = data_root() / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "prompts.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(folder / "prompts.jsonl")
+    (folder / "SOURCE.json").write_text(json.dumps({"name": name, "files": seen, "prompts": len(rows)}, indent=2))
+    read_items(folder / "prompts.jsonl")  # it reads back
+    return folder / "prompts.jsonl"

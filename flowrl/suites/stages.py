@@ -1,0 +1,229 @@
+"""The two stages of a suite run, each resumable: ``generate`` (images and a manifest) and ``score`` (figures per
+image, then the summary). A result folder ``OUT/<tag>/<suite>/`` holds:
+
+    run.json          the suite, its config, the protocol used (and whether it is the pinned one), the checkpoint
+                      and the sha256 of its weights
+    manifest-*.jsonl  one row per image written: key, prompt index, image index, prompt, category, file
+    images/           PNG per image (``P_K.png``), or float arrays (``.npy``) for a lossless suite or a video base
+    scores.jsonl      one row per scored image: key and figures
+    summary.json      the suite's figures, per-prompt figures for paired comparisons, and the run.json facts
+
+Generation writes an image before its manifest row, and scoring appends a row per image after each batch, so a
+kill loses at most the batch in flight; the next call does only what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from flowrl.errors import UserError
+from flowrl.suites.interface import Item, Suite
+from flowrl.suites.protocol import Protocol, initial_noise
+
+RUN, SUMMARY, SCORES = "run.json", "summary.json", "scores.jsonl"
+
+
+class SuiteError(UserError, ValueError):
+    """A result folder, manifest, image or scorer that cannot be used; the message names the file."""
+
+
+def image_key(prompt: int, image: int) -> str:
+    return f"{prompt:05d}_{image:02d}"
+
+
+def jobs(items: Sequence[Item], protocol: Protocol, shard: tuple[int, int], limit: int | None) -> list[tuple[int, int]]:
+    """(prompt index, image index) of every image this shard makes: prompts ``i`` with ``i % n == shard``."""
+    index, count = shard
+    prompts = range(len(items) if limit is None else min(limit, len(items)))
+    return [(p, k) for p in prompts if p % count == index for k in range(protocol.images)]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file; a torn last line (a kill mid-write) is dropped, a bad earlier one refused."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("not an object")
+            rows.append(row)
+        except ValueError:
+            if number == len(lines):
+                break
+            raise SuiteError(f"{path}: line {number} is not a JSON object; the file is damaged") from None
+    return rows
+
+
+def weights_hash(source: Path) -> str:
+    """sha256 of a checkpoint's weights file, or of a recipe file (an initial policy: the base's own weights)."""
+    path = source if source.suffix == ".toml" else source / "weights.safetensors"
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return ("recipe:" if source.suffix == ".toml" else "") + digest.hexdigest()
+
+
+def check_run(folder: Path, facts: dict[str, Any]) -> None:
+    """Write ``run.json``, or check that the one there describes the same suite, protocol and weights."""
+    path = folder / RUN
+    if path.exists():
+        try:
+            found = json.loads(path.read_text())
+        except ValueError:
+            raise SuiteError(f"{path} is not valid JSON; remove the result folder or choose another --out") from None
+        for key in ("suite", "config", "protocol", "weights_sha256", "limit"):
+            if found.get(key) != facts.get(key):
+                raise SuiteError(f"{path}: made with another {key} ({found.get(key)!r}, now {facts.get(key)!r});"
+                                 " choose another --out or --tag")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(facts, indent=2))
+
+
+def written(folder: Path) -> dict[str, dict[str, Any]]:
+    """The manifest rows of every shard whose image exists, by key."""
+    rows = {}
+    for manifest in sorted(folder.glob("manifest-*.jsonl")):
+        for row in read_jsonl(manifest):
+            if "key" not in row or "file" not in row:
+                raise SuiteError(f"{manifest}: a row without key or file; the manifest is damaged")
+            rows[str(row["key"])] = row
+    return rows
+
+
+def save_image(image: Tensor, path: Path, lossless: bool) -> None:
+    from PIL import Image
+
+    if lossless:
+        np.save(path, image.detach().float().cpu().numpy())
+        return
+    pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    Image.fromarray(pixels).save(path)
+
+
+def load_image(path: Path) -> Tensor:
+    """An image ``(3, H, W)`` (or a clip) in [0, 1] from a PNG or a float array; :class:`SuiteError` naming it."""
+    if not path.exists():
+        raise SuiteError(f"{path}: the image is missing; run the generate stage again (it makes only what is missing)")
+    try:
+        if path.suffix == ".npy":
+            return torch.from_numpy(np.load(path))
+        from PIL import Image
+
+        with Image.open(path) as opened:
+            pixels = np.asarray(opened.convert("RGB"), dtype=np.float32) / 255.0
+        return torch.from_numpy(pixels).permute(2, 0, 1).contiguous()
+    except Exception as error:
+        raise SuiteError(f"{path}: not a readable image ({type(error).__name__}: {error})") from None
+
+
+def batches(rows: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(rows), size):
+        yield rows[start : start + size]
+
+
+def generate(policy: Any, suite: Suite, protocol: Protocol, folder: Path, facts: dict[str, Any],
+             shard: tuple[int, int] = (0, 1), limit: int | None = None, batch: int = 16, quiet: bool = False) -> int:
+    """Make this shard's missing images of ``suite`` with ``policy`` (a :class:`flowrl.loading.LoadedPolicy`
+    built for ``protocol``); returns how many were made."""
+    from flowrl.evaluate import sample_images
+    from flowrl.types import Plan
+
+    items = suite.items()
+    check_run(folder, facts)
+    (folder / "images").mkdir(exist_ok=True)
+    done = written(folder)
+    todo = [(p, k) for p, k in jobs(items, protocol, shard, limit) if image_key(p, k) not in done]
+    manifest = folder / f"manifest-{shard[0]:03d}of{shard[1]:03d}.jsonl"
+    order = [p * protocol.images + k for p, k in todo]
+    plan = Plan(units=(), trained=())
+    with tqdm(total=len(todo), desc=f"generate {facts['suite']}", unit="img", disable=quiet) as bar:
+        for chunk, rows in zip(batches(todo, batch), batches(order, batch), strict=True):
+            prompts = [items[p].prompt for p, _ in chunk]
+            noise = initial_noise(policy.backbone, protocol, prompts, [k for _, k in chunk], rows)
+            with torch.no_grad():
+                images = sample_images(policy.backbone, prompts, policy.schedule, protocol.seed, plan, len(chunk),
+                                       initial=noise)
+            lossless = suite.lossless or images.dim() == 5
+            lines = []
+            for (p, k), image in zip(chunk, images, strict=True):
+                name = f"images/{image_key(p, k)}.{'npy' if lossless else 'png'}"
+                save_image(image, folder / name, lossless)
+                lines.append(json.dumps({"key": image_key(p, k), "prompt_index": p, "image": k,
+                                         "prompt": items[p].prompt, "category": items[p].category, "file": name}))
+            with manifest.open("a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+            bar.update(len(chunk))
+    return len(todo)
+
+
+def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False) -> dict[str, Any]:
+    """Score every generated image not scored yet, then write and return ``summary.json``."""
+    run_path = folder / RUN
+    if not run_path.exists():
+        raise SuiteError(f"{run_path} is missing: {folder} is not a suite result folder (generate it first)")
+    facts = json.loads(run_path.read_text())
+    items = suite.items()
+    rows = written(folder)
+    if not rows:
+        raise SuiteError(f"{folder}: no manifest rows (manifest-*.jsonl); run the generate stage first")
+    scores_path = folder / SCORES
+    scored = {str(r["key"]): r for r in read_jsonl(scores_path)}
+    todo = [rows[key] for key in sorted(rows) if key not in scored]
+    for row in todo:
+        if not 0 <= int(row["prompt_index"]) < len(items) or items[int(row["prompt_index"])].prompt != row["prompt"]:
+            raise SuiteError(f"{folder}: image {row['key']} was made for another prompt set (prompt "
+                             f"{row['prompt']!r}); score it with the suite it was generated with")
+    if todo:
+        suite.check()
+    with tqdm(total=len(todo), desc=f"score {facts['suite']}", unit="img", disable=quiet) as bar:
+        for chunk in batches(todo, batch):
+            images = torch.stack([load_image(folder / row["file"]) for row in chunk])
+            chosen = [items[int(row["prompt_index"])] for row in chunk]
+            try:
+                figures = suite.score(images, chosen)
+            except UserError:
+                raise
+            except Exception as error:
+                raise SuiteError(f"suite '{facts['suite']}' failed to score {folder / chunk[0]['file']} and its "
+                                 f"batch: {type(error).__name__}: {error}") from error
+            lines = [json.dumps({"key": row["key"], **{k: float(v) for k, v in f.items()}})
+                     for row, f in zip(chunk, figures, strict=True)]
+            with scores_path.open("a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+            scored.update({row["key"]: json.loads(line) for row, line in zip(chunk, lines, strict=True)})
+            bar.update(len(chunk))
+    return summarise(suite, folder, facts, rows, scored)
+
+
+def summarise(suite: Suite, folder: Path, facts: dict[str, Any], rows: dict[str, dict[str, Any]],
+              scored: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per-prompt figures (the mean over its images) and the suite's aggregate, into ``summary.json``."""
+    items = suite.items()
+    by_prompt: dict[int, list[dict[str, Any]]] = {}
+    for key, row in rows.items():
+        by_prompt.setdefault(int(row["prompt_index"]), []).append({k: v for k, v in scored[key].items() if k != "key"})
+    prompts = sorted(by_prompt)
+    per_prompt = [{k: float(np.mean([f[k] for f in by_prompt[p]])) for k in by_prompt[p][0]} for p in prompts]
+    figures = suite.aggregate(per_prompt, [items[p] for p in prompts]) if per_prompt else {}
+    expected = len(jobs(items, suite_protocol(facts), (0, 1), facts.get("limit")))
+    summary = {**facts, "figures": figures, "primary": suite.primary, "images": len(rows), "expected_images": expected,
+               "complete": len(rows) == expected, "prompts": prompts,
+               "categories": [items[p].category for p in prompts], "per_prompt": per_prompt}
+    (folder / SUMMARY).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def suite_protocol(facts: dict[str, Any]) -> Protocol:
+    return Protocol(**facts["protocol"])
