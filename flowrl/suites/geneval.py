@@ -125,7 +125,8 @@ def world_metadata(text: str) -> dict[str, Any]:
     """GenEval metadata for a prompt of the embedded world (shapes as classes, colours named), the way GenEval
     states the same constraint: a single object as a ``colors`` prompt, a count as ``counting`` (exactly N),
     two objects as ``color_attr``, a relation as ``position`` (the first-named object's clause points at the
-    other's)."""
+    other's). Like GenEval's own prompts, two objects must be of two classes (shapes) for the rules to hold: they
+    check a class's most confident objects only."""
     from flowrl.world.grammar import parse
 
     scene = parse(text)

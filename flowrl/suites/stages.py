@@ -91,14 +91,15 @@ def check_run(folder: Path, facts: dict[str, Any]) -> None:
     path.write_text(json.dumps(facts, indent=2))
 
 
-def written(folder: Path) -> dict[str, dict[str, Any]]:
-    """The manifest rows of every shard whose image exists, by key."""
+def written(folder: Path, present: bool = False) -> dict[str, dict[str, Any]]:
+    """The manifest rows of every shard by key (``present``: only those whose image is there)."""
     rows = {}
     for manifest in sorted(folder.glob("manifest-*.jsonl")):
         for row in read_jsonl(manifest):
             if "key" not in row or "file" not in row:
                 raise SuiteError(f"{manifest}: a row without key or file; the manifest is damaged")
-            rows[str(row["key"])] = row
+            if not present or (folder / str(row["file"])).exists():
+                rows[str(row["key"])] = row
     return rows
 
 
@@ -143,7 +144,7 @@ def generate(policy: Any, suite: Suite, protocol: Protocol, folder: Path, facts:
     items = suite.items()
     check_run(folder, facts)
     (folder / "images").mkdir(exist_ok=True)
-    done = written(folder)
+    done = written(folder, present=True)  # an image lost since is made again
     todo = [(p, k) for p, k in jobs(items, protocol, shard, limit) if image_key(p, k) not in done]
     manifest = folder / f"manifest-{shard[0]:03d}of{shard[1]:03d}.jsonl"
     order = [p * protocol.images + k for p, k in todo]

@@ -1,0 +1,209 @@
+"""Evaluation suites: GenEval's rules against the embedded world's ground truth, the noise rule, the resumable
+stages, the paired comparison against SciPy's formulas, and the command line end to end on tiny parts."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+
+import flowrl
+from flowrl.cli.main import main
+from flowrl.suites.compare import mean_interval, paired, t_quantile
+from flowrl.suites.data import fetch
+from flowrl.suites.geneval import world_detector, world_metadata
+from flowrl.suites.geneval_rules import Detected, geneval_score, judge, relative_position
+from flowrl.suites.interface import Item
+from flowrl.suites.protocol import Protocol, initial_noise
+from flowrl.world.grammar import enumerate_scenes, parse
+from flowrl.world.render import render
+
+EGRPO = str(ROOT / "recipes" / "egrpo.toml")
+
+
+def _image(text: str, seed: int = 0) -> torch.Tensor:
+    rgb = render(parse(text), np.random.default_rng(seed))
+    return torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0).permute(2, 0, 1)
+
+
+def _correct(image: torch.Tensor, meta: dict) -> bool:
+    found = world_detector(image[None], [Item("", meta["tag"], meta)])[0]
+    return judge(found, meta)[0]
+
+
+# One prompt per rule; the mismatch changes exactly what that rule checks.
+RULES = [
+    ("a red circle", "a blue circle"),  # colour of a single object
+    ("two green squares", "three green squares"),  # counting: too few
+    ("three green squares", "two green squares"),  # counting: too many (the exclude clause)
+    ("a red circle and a blue square", "a red circle and a blue triangle"),  # two objects: one missing
+    ("a red circle and a blue square", "a red circle and a yellow square"),  # colour attribution
+    ("a cyan triangle left of a magenta square", "a cyan triangle right of a magenta square"),  # position
+    ("a yellow square above a red circle", "a yellow square below a red circle"),
+]
+
+
+@pytest.mark.parametrize(("drawn", "asked"), RULES)
+def test_geneval_rules_score_matching_prompts_1_and_mismatched_ones_0(drawn: str, asked: str) -> None:
+    hits = [_correct(_image(drawn, seed), world_metadata(drawn)) for seed in range(4)]
+    misses = [_correct(_image(drawn, seed), world_metadata(asked)) for seed in range(4)]
+    assert all(hits), hits
+    assert not any(misses), misses
+
+
+def test_geneval_rules_on_every_world_test_scene_kind() -> None:
+    """Rendered ground truth of 40 test scenes of each kind meets its own GenEval metadata. Two-object scenes
+    name two shapes, as GenEval's prompts name two classes: its rules check only the most confident object of
+    a class, so two circles of two colours are beyond what they can state."""
+    scenes = [s for s in enumerate_scenes("test") if len({g.shape for g in s.groups}) == len(s.groups)]
+    for kind in ("single", "count", "pair", "relation"):
+        chosen = [s for s in scenes if s.kind == kind][:40]
+        correct = [_correct(_image(s.text, i), world_metadata(s.text)) for i, s in enumerate(chosen)]
+        assert np.mean(correct) >= 0.95, (kind, np.mean(correct))
+
+
+def test_relative_position_and_thresholds() -> None:
+    a, b = Detected("x", (0, 0, 10, 10)), Detected("y", (30, 0, 40, 10))
+    assert relative_position(a, b) == {"left of"} and relative_position(b, a) == {"right of"}
+    assert relative_position(a, Detected("y", (1, 1, 11, 11))) == set()  # overlapping: no relation
+    assert relative_position(a, Detected("y", (30, 30, 40, 40))) == {"left of", "above"}  # a diagonal: both
+    meta = {"tag": "counting", "include": [{"class": "x", "count": 2}], "exclude": [{"class": "x", "count": 3}]}
+    two = [Detected("x", (0, 0, 5, 5), 0.95), Detected("x", (20, 0, 25, 5), 0.95)]
+    assert judge(two, meta)[0]
+    assert not judge([*two, Detected("x", (40, 0, 45, 5), 0.95)], meta)[0]
+    assert judge([*two, Detected("x", (40, 0, 45, 5), 0.9)], meta)[0]  # counting keeps only scores above 0.9
+    assert not judge([Detected("x", (0, 0, 5, 5), 0.3)], {"tag": "single_object", "include": [{"class": "x",
+                                                                                               "count": 1}]})[0]
+    assert geneval_score({"a": [1, 0], "b": [1, 1, 1, 1]}) == {"a": 0.5, "b": 1.0, "overall": 0.75}
+
+
+def test_noise_depends_on_the_prompt_and_index_only() -> None:
+    backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16})
+    protocol = Protocol(steps=4, images=2, seed=7)
+    whole = initial_noise(backbone, protocol, ["a", "a", "b", "b"], [0, 1, 0, 1], [0, 1, 2, 3])
+    alone = initial_noise(backbone, protocol, ["b"], [1], [3])
+    assert torch.equal(whole[3:], alone) and not torch.equal(whole[0], whole[1])
+    stream = Protocol(steps=4, seed=3, noise="stream")
+    rows = initial_noise(backbone, stream, ["x"] * 3, [0, 0, 0], [5, 70, 2])
+    full = initial_noise(backbone, stream, ["x"] * 71, [0] * 71, list(range(71)))
+    assert torch.equal(rows, full[[5, 70, 2]])
+    with pytest.raises(ValueError, match="images = 1"):
+        Protocol(steps=4, images=2, noise="stream")
+
+
+def test_paired_test_and_intervals_agree_with_scipy_formulas() -> None:
+    """SciPy's ttest_rel(b, a) and t.ppf(0.975, n - 1), as published values for these inputs."""
+    scipy = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    a = rng.normal(0.5, 0.2, 30).tolist()
+    b = (np.asarray(a) + rng.normal(0.05, 0.1, 30)).tolist()
+    ours = paired(a, b)
+    ref = scipy.ttest_rel(b, a)
+    assert math.isclose(ours["t"], ref.statistic, rel_tol=1e-9)
+    assert math.isclose(ours["p"], ref.pvalue, rel_tol=1e-7)
+    assert math.isclose(t_quantile(0.05, 29), scipy.t.ppf(0.975, 29), rel_tol=1e-9)
+    mean, half = mean_interval(a)
+    assert math.isclose(half, scipy.t.ppf(0.975, 29) * statistics.stdev(a) / math.sqrt(30), rel_tol=1e-9)
+    assert mean == statistics.fmean(a)
+
+
+def test_paired_test_by_hand() -> None:
+    """Without SciPy: the t statistic of known differences, and the p of t = 2.262 at 9 df (a table's 0.05)."""
+    out = paired([0.0] * 4, [1.0, 2.0, 3.0, 4.0])
+    assert math.isclose(out["t"], 2.5 / (statistics.stdev([1, 2, 3, 4]) / 2), rel_tol=1e-12)
+    assert math.isclose(t_quantile(0.05, 9), 2.2621571627, rel_tol=1e-8)
+    assert paired([1.0, 1.0], [1.0, 1.0])["p"] == 1.0
+
+
+def _run(*args: str) -> int:
+    return main(["suite", *args])
+
+
+def test_world_suite_reproduces_flowrl_eval_and_compares(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The world suite's figures are flowrl eval's on the same prompts; a second column with other weights gets
+    a paired test; a second run does no work; a subset is marked not comparable."""
+    from flowrl.loading import load_policy
+
+    out = tmp_path / "out"
+    assert _run("run", "world", EGRPO, "--out", str(out), "--prompts", "24", "--quiet", "--batch", "10") == 0
+    summary = json.loads((out / "egrpo-initial" / "world" / "summary.json").read_text())
+    policy = load_policy(Path(EGRPO))
+    expected = policy.evaluate(limit=24)
+    for key in ("strict", "score", "strict/single", "strict/count", "strict/pair", "strict/relation"):
+        assert summary["figures"][key] == pytest.approx(expected[key], rel=1e-12, abs=1e-12), key
+    assert summary["complete"] and summary["pinned"] is True and summary["limit"] == 24  # a subset: not comparable
+    scores = (out / "egrpo-initial" / "world" / "scores.jsonl").read_text()
+    assert _run("run", "world", EGRPO, "--out", str(out), "--prompts", "24", "--quiet") == 0
+    assert (out / "egrpo-initial" / "world" / "scores.jsonl").read_text() == scores  # nothing redone
+    text = capsys.readouterr().out
+    assert "NOT comparable" in text and "| strict |" in text
+
+
+def test_stages_resume_and_refuse_damage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    args = ("run", "world", EGRPO, "--out", str(out), "--prompts", "6", "--quiet", "--tag", "base")
+    assert _run(*args, "--shard", "0/2") == 0 and _run(*args, "--shard", "1/2") == 0
+    folder = out / "base" / "world"
+    assert len(list((folder / "images").iterdir())) == 6 and not (folder / "scores.jsonl").exists()
+    (folder / "images" / "00003_00.npy").unlink()
+    assert _run(*args, "--stage", "score") == 2
+    assert "00003_00.npy: the image is missing" in capsys.readouterr().err
+    assert _run(*args, "--stage", "generate") == 0  # makes only what is missing
+    assert _run(*args, "--stage", "score") == 0
+    rows = [json.loads(line) for line in (folder / "scores.jsonl").read_text().splitlines()]
+    assert sorted(r["key"] for r in rows) == [f"{p:05d}_00" for p in range(6)]
+    assert _run(*args, "--protocol", "steps=8") == 2  # another protocol into the same folder: refused
+    assert "made with another protocol" in capsys.readouterr().err
+
+
+def test_a_column_with_other_weights_gets_a_paired_test(tmp_path: Path) -> None:
+    from flowrl.suites.compare import compare
+
+    out = tmp_path / "out"
+    assert _run("run", "world", EGRPO, EGRPO, "--out", str(out), "--prompts", "8", "--quiet",
+                "--tag", "a", "--tag", "b", "--protocol", "steps=6") == 0
+    result = compare([out / "a" / "world", out / "b" / "world"])
+    row = result["tables"][0]["rows"][0]
+    assert row["columns"][1]["vs_first"]["diff"] == 0.0 and row["columns"][1]["vs_first"]["p"] == 1.0
+    assert (out / "comparison-world" / "comparison.png").stat().st_size > 1000
+
+
+def test_geneval_suite_end_to_end_on_the_world_detector(tmp_path: Path) -> None:
+    prompts = tmp_path / "geneval.jsonl"
+    texts = ["a red circle", "two blue squares", "a red circle and a blue square", "a cyan triangle above a red circle"]
+    prompts.write_text("".join(json.dumps({"prompt": t, **world_metadata(t)}) + "\n" for t in texts))
+    out = tmp_path / "out"
+    assert _run("run", "geneval", EGRPO, "--out", str(out), "--quiet", "--set", f"prompts={str(prompts)!r}",
+                "--set", "detector='world'", "--protocol", "resolution=32", "--protocol", "guidance=3.5",
+                "--protocol", "steps=8") == 0
+    summary = json.loads((out / "egrpo-initial" / "geneval" / "summary.json").read_text())
+    assert summary["images"] == 16 and set(summary["figures"]) == {"overall", "colors", "counting", "color_attr",
+                                                                    "position"}
+    values = [summary["figures"][t] for t in ("colors", "counting", "color_attr", "position")]
+    assert summary["figures"]["overall"] == pytest.approx(np.mean(values))
+
+
+def test_missing_prompt_set_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("FLOWRL_DATA", str(tmp_path / "data"))
+    assert _run("run", "drawbench", EGRPO, "--out", str(tmp_path / "o")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "flowrl data fetch drawbench" in err[0]
+
+
+def test_fetch_checks_the_pinned_checksum(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flowrl.suites.data import FetchError
+
+    monkeypatch.setenv("FLOWRL_DATA", str(tmp_path))
+    with pytest.raises(FetchError, match="is not the pinned"):
+        fetch("geneval", download=lambda url: b'{"tag": "x"}\n')
+    assert not (tmp_path / "geneval").exists()
+    fetch("drawbench", download=lambda url: b"Prompts,Category\nA red apple.,Colors\n")
+    rows = (tmp_path / "drawbench" / "prompts.jsonl").read_text().splitlines()
+    assert json.loads(rows[0]) == {"prompt": "A red apple.", "category": "Colors"}
