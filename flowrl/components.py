@@ -30,4 +30,5 @@ from flowrl.rewards import (  # noqa: F401
 from flowrl.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.suites import builtin as builtin_suites  # noqa: F401
 from flowrl.suites import geneval as geneval_suite  # noqa: F401
+from flowrl.suites import geneval2 as geneval2_suite  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401

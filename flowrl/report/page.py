@@ -21,6 +21,7 @@ from typing import Any
 
 from flowrl.report import ReportError
 from flowrl.report.curves import draw_panels, series
+from flowrl.report.suites import suite_section
 from flowrl.trainer.runfolder import read_metrics
 
 MAX_GRIDS = 12  # sample grids shown, spread over the run (first and last always)
@@ -166,6 +167,7 @@ def render(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> str:
             parts.append(f'<div class="grid">iteration {step}{_grid(path, f"samples at {step}")}</div>')
     else:
         parts.append("<p>None written (they are saved at each evaluation when trainer.image_every &gt; 0).</p>")
+    parts += suite_section(run_dir)
     parts += ["<h2>Resolved recipe</h2>", f"<pre>{html.escape(recipe) or '(no recipe.toml)'}</pre>", "</body></html>"]
     return "\n".join(parts)
 

@@ -161,5 +161,6 @@ class OCRSuite(RewardSuite):
     Config = _preference_config(OCR)
 
     def protocol(self) -> Protocol:
-        return Protocol(steps=40, images=1, seed=0)
+        # Flow-GRPO's OCR evaluation setting for SD3.5-M: 512 px, 40 steps, guidance 4.5
+        return Protocol(steps=40, images=1, seed=0, guidance=4.5, resolution=512)
 

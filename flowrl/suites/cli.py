@@ -22,7 +22,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     run.add_argument("paths", nargs="+", type=ExistingPath("any", "run folder, checkpoint folder or recipe"),
                      help="each a column: a recipe (its initial policy), a run folder (its last checkpoint) or a"
                      " checkpoint folder (runs/X/checkpoints/best)")
-    run.add_argument("--out", required=True, help="results folder: OUT/<tag>/<suite>/")
+    run.add_argument("--out", default=None, help="results folder: OUT/<tag>/<suite>/ (default: RUN/suites for a "
+                     "run folder or one of its checkpoints, where flowrl report finds it)")
     run.add_argument("--tag", action="append", default=[], help="a column's name (one per path; default: the path's)")
     run.add_argument("--stage", default="all", choices=("generate", "score", "all"))
     run.add_argument("--shard", default=None, help="I/N: generate only prompts i with i %% N == I (default: the "
@@ -106,6 +107,14 @@ def _tag(path: Path) -> str:
     return path.name
 
 
+def default_out(path: Path) -> Path:
+    """``RUN/suites`` for a run folder or a checkpoint in one; a recipe has no run folder to keep them."""
+    run = path.parent.parent if path.parent.name == "checkpoints" else path
+    if path.suffix == ".toml" or not (run / "checkpoints").is_dir():
+        raise UserError(f"--out is needed: {path} is not a run folder (results go to RUN/suites by default)")
+    return run / "suites"
+
+
 def policy_for(path: Path, protocol: Any) -> tuple[Any, Any]:
     """The policy of ``path`` made under ``protocol``, and the protocol with the base's own values filled in."""
     import attrs
@@ -148,8 +157,12 @@ def run_command(args: argparse.Namespace) -> int:
     if args.tag and len(args.tag) != len(args.paths):
         raise UserError(f"--tag given {len(args.tag)} times for {len(args.paths)} paths; give one per path or none")
     tags = args.tag or [_tag(Path(p)) for p in args.paths]
+    if len(set(tags)) != len(tags):
+        raise UserError(f"two columns would share the name {next(t for t in tags if tags.count(t) > 1)!r}; name each"
+                        " with --tag")
     shard = _shard(args.shard)
-    folders = [Path(args.out) / tag / name for tag in tags]
+    out = Path(args.out) if args.out else default_out(Path(args.paths[0]))
+    folders = [out / tag / name for tag in tags]
     if args.stage in ("generate", "all"):
         suite.items()  # the prompts are here, before any model loads
         for path, tag, folder in zip(args.paths, tags, folders, strict=True):
@@ -166,8 +179,7 @@ def run_command(args: argparse.Namespace) -> int:
         summary = stages.score(suite, folder, args.batch, args.quiet)
         print(f"{folder}: {summary['primary']} = {summary['figures'].get(summary['primary'])}", file=sys.stderr)
     result = compare(folders)
-    out = Path(args.out) / f"comparison-{name}"
-    _write(result, out, markdown, plot)
+    _write(result, out / f"comparison-{name}", markdown, plot)
     print(markdown(result))
     return 0
 

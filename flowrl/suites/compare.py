@@ -87,7 +87,7 @@ def compare(folders: Sequence[Path]) -> dict[str, Any]:
 
 def _table(folders: Sequence[Path], summaries: Sequence[dict[str, Any]], pinned: bool) -> dict[str, Any]:
     base = summaries[0]
-    figures = list(base["per_prompt"][0]) if base["per_prompt"] else []
+    figures = [k for k in base["per_prompt"][0] if not k.startswith("_")] if base["per_prompt"] else []
     rows = []
     for figure in figures:
         for category in ["", *sorted(set(base["categories"]) - {""})]:
@@ -112,7 +112,8 @@ def _values(summary: dict[str, Any], figure: str, category: str) -> dict[int, fl
                                              strict=True) if not category or c == category}
 
 
-def _cell(cell: dict[str, Any]) -> str:
+def cell_text(cell: dict[str, Any]) -> str:
+    """A table cell: the mean with its 95% half-width, and for later columns the paired difference and p."""
     text = f"{cell['mean']:.4f} ± {cell['half_width']:.4f}" if math.isfinite(cell["half_width"]) else \
         f"{cell['mean']:.4f}"
     test = cell.get("vs_first")
@@ -133,7 +134,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append("| figure | " + " | ".join(table["tags"]) + " |")
         lines.append("| --- |" + " --- |" * len(table["tags"]))
         for row in table["rows"]:
-            lines.append(f"| {row['figure']} | " + " | ".join(_cell(c) for c in row["columns"]) + " |")
+            lines.append(f"| {row['figure']} | " + " | ".join(cell_text(c) for c in row["columns"]) + " |")
         lines += ["", "Protocols: " + "; ".join(f"{t}: {json.dumps(p)}" for t, p in
                                                  zip(table["tags"], table["protocols"], strict=True)), ""]
     return "\n".join(lines)

@@ -48,7 +48,8 @@ class Suite(Component, ABC):
     @abstractmethod
     def score(self, images: Tensor, items: Sequence[Item]) -> list[dict[str, float]]:
         """Figures of each image ``(B, 3, H, W)`` in [0, 1] (a video base: clips ``(B, F, 3, H, W)``) for its item:
-        one dict per image, the same keys for every image."""
+        one dict per image, the same keys for every image (keys starting with ``_`` are bookkeeping for
+        :meth:`aggregate`, left out of comparisons)."""
 
     def check(self) -> None:
         """Raise a :class:`flowrl.errors.UserError` unless the suite can score (weights, extras, a server)."""
@@ -58,7 +59,7 @@ class Suite(Component, ABC):
         the prompts, and ``FIGURE/CATEGORY`` per category. Suites whose papers aggregate otherwise override it."""
         out: dict[str, float] = {}
         categories = sorted({item.category for item in items if item.category})
-        for key in figures[0] if figures else {}:
+        for key in [k for k in figures[0] if not k.startswith("_")] if figures else []:
             values = np.asarray([f[key] for f in figures], dtype=np.float64)
             out[key] = finite_mean(values)
             for category in categories:
