@@ -278,6 +278,7 @@ class RewardModel(Component, ABC):
 
     video: bool = False  # scores whole clips (B, F, 3, H, W) rather than images
     frames: Any = None  # which frames of a clip an image reward scores (flowrl.video.frame_indices)
+    hands_on: bool = False  # a wrapper that scores through flowrl.rewards.frames itself: given the caller's tensor
 
     def check(self) -> None:
         """Fail early (before any model loads) when weights or extras are missing."""

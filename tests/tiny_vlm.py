@@ -1,14 +1,17 @@
-"""A tiny random-weight Qwen2-VL, built locally, for tests that need a vision-language judge.
+"""A tiny random-weight vision-language model, built locally: a stand-in judge for the GenEval 2 Soft-TIFA tests.
 
-The GenEval 2 Soft-TIFA tests need a real ``transformers`` vision-language model to ask yes/no questions
-about an image and read the next-token logits. Downloading a real checkpoint is not an option in tests, so
-:func:`save_tiny_vlm` builds one from scratch: a ``Qwen2VLForConditionalGeneration`` with a few thousand
-weights' worth of layers (seeded, so deterministic), the real ``Qwen2VLProcessor`` and image processor, and a
-small word-level tokenizer made with the ``tokenizers`` library (no download, no network). Its answers are
-meaningless; what the tests get is the real loading path, chat template, image-token expansion and logits.
+Soft-TIFA asks a vision-language model yes/no and counting questions about an image and reads the probabilities
+of the first answer token. Tests cannot download a real judge, so :func:`save_tiny_vlm` builds one from scratch,
+with nothing downloaded: a ``LlavaForConditionalGeneration`` (a 2-layer CLIP vision tower, a 2-layer Qwen2
+language model, ~0.18M parameters, seeded so the weights are deterministic), the real ``LlavaProcessor`` with
+CLIP's PIL image processor, and a small word-level tokenizer made with the ``tokenizers`` library that carries
+Qwen2-VL's special tokens and chat template. Its answers are meaningless; what the tests get is the real loading
+path (``AutoProcessor`` / ``AutoModelForImageTextToText`` with ``local_files_only=True``), chat template,
+image-token expansion and vocabulary-sized logits.
 
-The folder it writes loads with ``AutoProcessor.from_pretrained(folder, local_files_only=True)`` and
-``AutoModelForImageTextToText.from_pretrained(folder, local_files_only=True)``.
+Why LLaVA and not Qwen2-VL: in this transformers (5.x) ``Qwen2VLProcessor`` (like Qwen2.5-VL's and Qwen3-VL's)
+always builds a video processor, and that needs torchvision, which the core test environment does not have; the
+LLaVA processor has no video part and runs on PIL alone.
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ import pathlib
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    CLIPImageProcessorPil,
+    CLIPVisionConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
     PreTrainedTokenizerFast,
-    Qwen2VLConfig,
-    Qwen2VLForConditionalGeneration,
-    Qwen2VLImageProcessorPil,
-    Qwen2VLProcessor,
+    Qwen2Config,
 )
 
-# Special tokens of the real Qwen2-VL tokenizer, in its order (ids 0.. here, not 151643..).
+# Special tokens of the real Qwen2-VL tokenizer, in its order (ids 0.. here, not 151643..). Images are
+# <|vision_start|><|image_pad|><|vision_end|> as in Qwen2-VL; the processor repeats <|image_pad|> once per image token.
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -43,8 +49,12 @@ SPECIAL_TOKENS = [
     "<|video_pad|>",
 ]
 UNK_TOKEN = "<unk>"
+IMAGE_TOKEN = "<|image_pad|>"
+IMAGE_SIDE = 32
+PATCH = 8
+IMAGE_TOKENS = (IMAGE_SIDE // PATCH) ** 2
 
-# Qwen2-VL-Instruct's chat template, verbatim.
+# Qwen2-VL-Instruct's chat template, verbatim (ChatML, with a default system message).
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
@@ -68,7 +78,7 @@ NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "
 COLORS = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white", "gray", "grey"]
 # Words of the chat template, of typical yes/no questions, and a few GenEval-style objects and relations.
 WORDS = [
-    "yes", "no", "true", "false", "system", "user", "assistant", "you", "are", "a", "an", "the", "helpful",
+    "yes", "no", "true", "false", "other", "system", "user", "assistant", "you", "are", "a", "an", "the", "helpful",
     "is", "there", "in", "on", "of", "and", "or", "to", "this", "that", "it", "image", "picture", "photo",
     "video", "answer", "word", "only", "question", "does", "do", "contain", "show", "how", "many", "what",
     "color", "shape", "object", "objects", "circle", "square", "triangle", "left", "right", "above", "below",
@@ -101,88 +111,85 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated")
     backend.decoder = decoders.Fuse()
+    # Special tokens match as whole strings before pre-tokenization (and are dropped by skip_special_tokens).
+    backend.add_special_tokens([*SPECIAL_TOKENS, UNK_TOKEN])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         unk_token=UNK_TOKEN,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:],
         padding_side="left",
         chat_template=CHAT_TEMPLATE,
-        model_max_length=4096,
+        model_max_length=1024,
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
     )
-    # Special tokens must match as whole strings before pre-tokenization.
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
     return tokenizer
 
 
-def build_image_processor() -> Qwen2VLImageProcessorPil:
-    """Qwen2-VL's image processor, with 8-pixel patches and a small pixel budget.
-
-    A 32x32 image stays 32x32: 4x4 patches, merged 2x2 into 4 image tokens. Larger images shrink to at
-    most 64x64 pixels (16 image tokens).
-    """
-    return Qwen2VLImageProcessorPil(
-        patch_size=8, temporal_patch_size=2, merge_size=2, min_pixels=16 * 16, max_pixels=64 * 64
+def build_image_processor() -> CLIPImageProcessorPil:
+    """CLIP's image processor (as LLaVA-1.5 uses it) at 32x32: any image is resized and centre-cropped to 32x32."""
+    return CLIPImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIDE}, crop_size={"height": IMAGE_SIDE, "width": IMAGE_SIDE}
     )
 
 
-def build_config(tokenizer: PreTrainedTokenizerFast) -> Qwen2VLConfig:
+def build_config(tokenizer: PreTrainedTokenizerFast) -> LlavaConfig:
+    """LLaVA: a 2-layer CLIP vision tower (8-pixel patches: 16 image tokens) and a 2-layer Qwen2 language model."""
     ids = tokenizer.convert_tokens_to_ids
-    text_config = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        # head_dim 16 -> 8 rotary frequencies, split over (time, height, width).
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-        "bos_token_id": ids("<|endoftext|>"),
-        "eos_token_id": ids("<|im_end|>"),
-        "pad_token_id": ids("<|endoftext|>"),
-    }
-    vision_config = {
-        "depth": 2,
-        "embed_dim": 32,
-        "hidden_size": 64,  # output of the patch merger = text hidden size
-        "mlp_ratio": 2,
-        "num_heads": 2,
-        "in_channels": 3,
-        "patch_size": 8,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-    }
-    return Qwen2VLConfig(
-        text_config=text_config,
+    vision_config = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        projection_dim=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIDE,
+        patch_size=PATCH,
+    )
+    text_config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=ids("<|endoftext|>"),
+        eos_token_id=ids("<|im_end|>"),
+        pad_token_id=ids("<|endoftext|>"),
+        tie_word_embeddings=False,
+    )
+    return LlavaConfig(
         vision_config=vision_config,
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
+        text_config=text_config,
+        image_token_id=ids(IMAGE_TOKEN),
+        image_seq_length=IMAGE_TOKENS,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",  # drop CLS: (32 / 8) ** 2 = 16 image tokens
         tie_word_embeddings=False,
     )
 
 
 def save_tiny_vlm(folder: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Write a tiny random Qwen2-VL model and its processor into ``folder``; return ``folder``.
+    """Write a tiny random LLaVA model and its processor into ``folder``; return ``folder``.
 
-    The same ``seed`` gives the same weights. Nothing is downloaded.
+    The same ``seed`` gives the same weights (the global torch RNG is left as it was). Nothing is downloaded.
     """
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    processor = Qwen2VLProcessor(
-        image_processor=build_image_processor(), tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+    processor = LlavaProcessor(
+        image_processor=build_image_processor(),
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS token, dropped again by the "default" strategy
+        image_token=IMAGE_TOKEN,
+        chat_template=CHAT_TEMPLATE,
     )
     config = build_config(tokenizer)
-    generator_state = torch.random.get_rng_state()
-    try:
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).eval()
-    finally:
-        torch.random.set_rng_state(generator_state)
+        model = LlavaForConditionalGeneration(config).eval()
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.save_pretrained(folder)

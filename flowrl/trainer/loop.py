@@ -21,7 +21,7 @@ from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
 from flowrl.selectors import iteration_plan
 from flowrl.trainer.budget import Budget
-from flowrl.trainer.checkpoint import find_checkpoint
+from flowrl.trainer.checkpoint import find_checkpoint, list_checkpoints
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
 from flowrl.trainer.drift import policy_drift
 from flowrl.trainer.errors import NothingTrainedError, RunInterrupted
@@ -101,7 +101,7 @@ class Trainer:
             if checkpoint is not None:
                 self._resume(checkpoint)
             elif (self.run_dir / "metrics.jsonl").exists():
-                raise already_a_run(self.run_dir)
+                raise already_a_run(self.run_dir, bool(list_checkpoints(self.run_dir / "checkpoints")))
             self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, self.step, recipe)
         except BaseException:
             self.release()

@@ -139,6 +139,7 @@ class PrecomputedReward(RewardModel):
     anything else (evaluation images, a different batch) itself; every other attribute is the model's."""
 
     video = True  # gets the pictures as the loop has them (clips whole) and hands them on as the model wants
+    hands_on = True  # and the loop's own tensor, which it recognises; the model gets its copy from score_pictures
 
     def __init__(self, model: RewardModel, name: str, sampler: OverlappedSampler) -> None:
         super().__init__(model.config)

@@ -84,13 +84,11 @@ def check_history(run_dir: Path, checkpoint: Path, step: int, log_every: int) ->
                              f" {fix}")
 
 
-def already_a_run(run_dir: Path) -> RunFolderError:
+def already_a_run(run_dir: Path, checkpointed: bool) -> RunFolderError:
     """The refusal of a fresh run in a folder that holds one: continue it with ``--resume`` where it has a
-    checkpoint; where it stopped before its first one there is nothing to continue, so the folder is to be
-    removed or another chosen (never advice that the other command would refuse)."""
-    from flowrl.trainer.checkpoint import list_checkpoints
-
-    if list_checkpoints(run_dir / "checkpoints"):
+    checkpoint (``checkpointed``); where it stopped before its first one there is nothing to continue, so the
+    folder is to be removed or another chosen (never advice that the other command would refuse)."""
+    if checkpointed:
         return RunFolderError(f"run folder {run_dir} already holds a run (metrics.jsonl); continue it with --resume "
                               "or choose another --output-dir")
     return RunFolderError(f"run folder {run_dir} holds a run that stopped before its first checkpoint (nothing to "

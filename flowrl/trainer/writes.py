@@ -51,13 +51,16 @@ def refused_writes(path: Path, then: str) -> Iterator[None]:
 
 
 def check_writable(folder: Path, option: str) -> None:
-    """Create ``folder`` and write a probe file in it, before any model loads: a :class:`WriteRefused` naming
-    ``option`` where that fails (root passes permission bits, so only writing tells)."""
+    """Create ``folder``, write a probe file in it and remove both again, before any model loads: a
+    :class:`WriteRefused` naming ``option`` where that fails (root passes permission bits, so only writing tells)."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # removed again: nothing is left behind
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".flowrl-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
+        for created in made:
+            created.rmdir()
     except OSError as error:
         cause = REFUSALS.get(error.errno or 0, error.strerror or str(error))
         raise WriteRefused(f"{option} {folder}: cannot write there ({cause}); choose another {option}") from None
