@@ -207,3 +207,67 @@ def test_fetch_checks_the_pinned_checksum(tmp_path: Path, monkeypatch: pytest.Mo
     fetch("drawbench", download=lambda url: b"Prompts,Category\nA red apple.,Colors\n")
     rows = (tmp_path / "drawbench" / "prompts.jsonl").read_text().splitlines()
     assert json.loads(rows[0]) == {"prompt": "A red apple.", "category": "Colors"}
+
+
+# -- GenEval 2: Soft-TIFA -----------------------------------------------------------------------------------
+GENEVAL2 = [
+    {"prompt": "a red circle", "atom_count": 3, "vqa_list": [["Is there a circle?", "Yes"], ["Is the circle red?",
+     "Yes"], ["How many circles are in the image?", "one"]], "skills": ["object", "attribute", "count"]},
+    {"prompt": "two blue squares", "atom_count": 3, "vqa_list": [["Is there a square?", "Yes"],
+     ["How many squares are in the image?", "two"]], "skills": ["object", "count"]},
+]
+
+
+def fixed_judge(image: torch.Tensor, question: str, forms: list[str]) -> float:
+    """A judge whose probability is known: 0.8 for yes/no questions, 0.25 for counts."""
+    return 0.25 if question.startswith("How many") else 0.8
+
+
+def test_soft_tifa_spellings_and_aggregation(tmp_path: Path) -> None:
+    from flowrl.suites.geneval2 import spellings
+
+    assert spellings("Is it red?", "Yes") == ["Yes", "yes", " yes", " Yes"]
+    assert spellings("How many cats are in the image?", "two") == ["two", "Two", " two", " Two", "2", " 2"]
+    assert spellings("How many cats are in the image?", "eleven")[-2:] == ["other", " other"]
+    prompts = tmp_path / "g2.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in GENEVAL2))
+    suite = flowrl.build("suite", {"type": "geneval2", "prompts": str(prompts), "judge": "test_suites:fixed_judge"})
+    items = suite.items()
+    rows = suite.score(torch.rand(2, 3, 8, 8), items)
+    am0, gm0 = (0.8 + 0.8 + 0.25) / 3, (0.8 * 0.8 * 0.25) ** (1 / 3)
+    assert rows[0]["soft_tifa_am"] == pytest.approx(am0) and rows[0]["soft_tifa_gm"] == pytest.approx(gm0)
+    figures = suite.aggregate(rows, items)
+    gm1 = (0.8 * 0.25) ** 0.5
+    assert figures["soft_tifa_gm"] == pytest.approx(100 * (gm0 + gm1) / 2)
+    assert figures["skill/count"] == pytest.approx(25.0) and figures["skill/object"] == pytest.approx(80.0)
+    assert figures["soft_tifa_gm/atoms_3"] == pytest.approx(100 * (gm0 + gm1) / 2) and "skill/verb" not in figures
+
+
+def test_soft_tifa_with_a_local_vision_language_model(tmp_path: Path) -> None:
+    """The in-process judge on a tiny LLaVA built here: probabilities in (0, 1], the same on a second load."""
+    from tiny_vlm import save_tiny_vlm
+
+    from flowrl.suites.geneval2 import spellings, transformers_judge
+
+    folder = save_tiny_vlm(tmp_path / "vlm")
+    judge, again = transformers_judge(str(folder)), transformers_judge(str(folder))
+    image = torch.rand(3, 32, 32)
+    for question, answer in (["Is there a red circle?", "Yes"], ["How many circles are in the image?", "two"]):
+        p = judge(image, question, spellings(question, answer))
+        assert 0.0 < p <= 1.0 + 1e-6 and p == again(image, question, spellings(question, answer))
+
+
+def test_geneval2_suite_end_to_end(tmp_path: Path) -> None:
+    from tiny_vlm import save_tiny_vlm
+
+    prompts = tmp_path / "g2.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in GENEVAL2))
+    folder = save_tiny_vlm(tmp_path / "vlm")
+    out = tmp_path / "out"
+    assert _run("run", "geneval2", EGRPO, "--out", str(out), "--quiet", "--set", f"prompts={str(prompts)!r}",
+                "--set", f"judge='transformers:{folder}'", "--protocol", "resolution=32", "--protocol",
+                "guidance=3.5", "--protocol", "steps=4") == 0
+    summary = json.loads((out / "egrpo-initial" / "geneval2" / "summary.json").read_text())
+    assert 0 < summary["figures"]["soft_tifa_am"] <= 100 and summary["figures"]["soft_tifa_gm"] <= \
+        summary["figures"]["soft_tifa_am"] + 1e-9
+    assert not summary["pinned"]

@@ -36,7 +36,8 @@ Judge = Callable[[Tensor, str, list[str]], float]
 def spellings(question: str, answer: str) -> list[str]:
     """The spellings of ``answer`` whose first-token probabilities are summed: a yes/no answer in four forms
     (both cases, with and without a leading space), a count as the word in those four forms and as its digits
-    (with and without a space; "other" past ten)."""
+    (with and without a space; "other" past ten). Only each spelling's first token is read, as the source does:
+    with a tokenizer that splits digits, "10" counts the probability of "1"."""
     if question.startswith("How many"):
         word = answer.lower()
         digits = str(NUMBERS.index(word) + 1) if word in NUMBERS else "other"
@@ -54,7 +55,7 @@ def transformers_judge(path: str) -> Judge:
     try:
         processor = AutoProcessor.from_pretrained(path, local_files_only=True)
         model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True).eval()
-    except OSError as error:
+    except (OSError, ImportError, ValueError) as error:  # no such folder; a processor needing a missing extra
         raise UserError(f"judge transformers:{path}: cannot load a vision-language model there ({error})") from None
     tokenizer = processor.tokenizer
 
