@@ -97,3 +97,15 @@ def test_bad_paths_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFix
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "nfe": 1, "wall_s": 0.1}) + "\n")
     assert main(["report", str(run), "--out", str(tmp_path / "missing" / "r.html")]) == 2
     assert "folder" in capsys.readouterr().err and not (tmp_path / "missing").exists()
+
+
+def test_the_report_shows_the_runs_suite_tables(run: Path, tmp_path: Path) -> None:
+    """`flowrl suite run SUITE RUN` keeps its results in RUN/suites; the report shows their table and figure."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    assert main(["suite", "run", "world", str(copy), str(copy / "checkpoints" / "step_000004"), "--tag", "last",
+                 "--tag", "again", "--prompts", "4", "--protocol", "steps=2", "--quiet"]) == 0
+    page = write_report(copy).read_text()
+    assert "<h2>Evaluation suites</h2>" in page and "world (NOT comparable" in page
+    assert "<th>strict/single</th>" in page and "(+0.0000, p = 1)" in page  # the same weights twice: no difference
+    assert 'alt="world comparison"' in page

@@ -7,6 +7,7 @@ image, then the summary). A result folder ``OUT/<tag>/<suite>/`` holds:
     images/           PNG per image (``P_K.png``), or float arrays (``.npy``) for a lossless suite or a video base
     scores.jsonl      one row per scored image: key and figures
     summary.json      the suite's figures, per-prompt figures for paired comparisons, and the run.json facts
+    samples.png       the first prompts' images, a row each (their prompts in samples.txt)
 
 Generation writes an image before its manifest row, and scoring appends a row per image after each batch, so a
 kill loses at most the batch in flight; the next call does only what is missing.
@@ -166,7 +167,25 @@ def generate(policy: Any, suite: Suite, protocol: Protocol, folder: Path, facts:
             with manifest.open("a", encoding="utf-8") as f:
                 f.write("".join(line + "\n" for line in lines))
             bar.update(len(chunk))
+    if todo:
+        contact_sheet(folder, items)
     return len(todo)
+
+
+def contact_sheet(folder: Path, items: Sequence[Item], prompts: int = 8) -> None:
+    """``samples.png``: the images of the first ``prompts`` prompts written so far, one row per prompt, and
+    ``samples.txt`` with those prompts in order (to look at before reading any figure)."""
+    from flowrl.trainer.logger import save_grid_png
+    from flowrl.video import as_stills
+
+    rows = sorted(written(folder, present=True).values(), key=lambda r: (r["prompt_index"], r["image"]))
+    chosen = sorted({int(r["prompt_index"]) for r in rows})[:prompts]
+    picked = [r for r in rows if int(r["prompt_index"]) in chosen]
+    if not picked:
+        return
+    images = as_stills(torch.stack([load_image(folder / r["file"]) for r in picked]))
+    save_grid_png(images, rows=len(chosen), path=folder / "samples.png", scale=max(1, 96 // images.shape[-2]))
+    (folder / "samples.txt").write_text("".join(items[p].prompt + "\n" for p in chosen), encoding="utf-8")
 
 
 def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False) -> dict[str, Any]:
