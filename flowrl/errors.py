@@ -9,3 +9,11 @@ Library users catch ``UserError`` the same way.
 
 class UserError(Exception):
     """A mistake in the input, or a run condition the user must fix; its message is one line."""
+
+
+def part_failure(error: BaseException) -> str:
+    """How a user-written part failed, for the line naming it: the exception's type and message, or the exit
+    code it gave ``sys.exit``."""
+    if isinstance(error, SystemExit):
+        return f"called sys.exit({error.code!r})"
+    return f"{type(error).__name__}: {error}"

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flowrl.errors import part_failure
 from flowrl.interfaces import Backbone, RewardError, RewardModel
 from flowrl.rewards.frames import eval_pictures
 from flowrl.rng import RolloutRNG
@@ -64,10 +65,8 @@ def sample_images(
 def _figures(name: str, model: RewardModel, images: Tensor, prompts: list[str]) -> dict[str, float]:
     try:
         return eval_pictures(model, images, prompts)  # a clip: over its chosen frames (or the clip)
-    except Exception as error:
-        raise RewardError(
-            f"reward '{name}' ({type(model).__name__}) failed: {type(error).__name__}: {error}"
-        ) from error
+    except (Exception, SystemExit) as error:  # sys.exit() in a reward is its failure, not the evaluation's end
+        raise RewardError(f"reward '{name}' ({type(model).__name__}) failed: {part_failure(error)}") from error
 
 
 def pass_at(

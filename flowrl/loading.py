@@ -14,7 +14,7 @@ from flowrl.evaluate import evaluate, ode_images
 from flowrl.interfaces import Backbone, PromptSource
 from flowrl.recipe import Recipe, load_recipe
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights_into
-from flowrl.trainer.lora import add_lora
+from flowrl.trainer.lora import add_lora, own_lora
 from flowrl.trainer.rewards import reward_models
 from flowrl.types import Schedule
 
@@ -60,7 +60,7 @@ def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "la
         recipe_file = folder / "recipe.toml"
         if not recipe_file.exists():
             raise CheckpointError(f"checkpoint {folder}: missing recipe.toml")
-        recipe = load_recipe(recipe_file, overrides)
+        recipe = load_recipe(recipe_file, [*own_lora(folder, recipe_file), *overrides])
         weights, state, _ = load_checkpoint(folder)
     rewards = reward_models(recipe)
     backbone: Backbone = recipe.build("backbone")

@@ -196,3 +196,28 @@ def test_alpha_is_read_from_the_alpha_tensors_and_is_the_rank_without_them(dtype
     assert (lora.rank, lora.alpha) == (4, 12.5)  # 12.5 is exact in all three dtypes
     save_file({"lora_unet_a.lora_down.weight": down, "lora_unet_a.lora_up.weight": up}, str(file))
     assert read_lora(file).alpha == 4.0
+
+
+def test_a_run_from_an_existing_lora_opens_without_that_file(exported: dict[str, Any], tmp_path: Path) -> None:
+    """Its checkpoints hold every trained LoRA tensor and their own export: with the init file gone, eval,
+    sample and --resume still open the run; checkpoints/best has the diffusers folder and the kohya file too."""
+    import shutil
+
+    from flowrl.loading import load_policy
+
+    source = tmp_path / "init"
+    shutil.copytree(exported["root"] / LORA_FOLDER, source)
+    recipe = _recipe(exported, str(source), tmp_path)
+    assert main(["train", str(recipe), "--output-dir", str(tmp_path / "run"), "--quiet",
+                 "--set", "trainer.eval_every=1", "--set", "trainer.checkpoint_every=1"]) == 0
+    best = tmp_path / "run" / "checkpoints" / "best"
+    assert (best / LORA_FOLDER / "pytorch_lora_weights.safetensors").is_file()
+    assert (best.parent / f"best{KOHYA_SUFFIX}").is_file() or (best / f"{LORA_FOLDER}{KOHYA_SUFFIX}").is_file()
+    shutil.rmtree(source)
+    policy = load_policy(tmp_path / "run")
+    trained = load_file(str(tmp_path / "run" / "checkpoints" / "step_000002" / "weights.safetensors"))
+    loaded = dict(policy.backbone.transformer.named_parameters())
+    assert all(torch.equal(loaded[k], v) for k, v in trained.items())
+    assert main(["eval", str(tmp_path / "run"), "--checkpoint", "best", "--json"]) == 0
+    assert main(["train", str(recipe), "--resume", str(tmp_path / "run"), "--quiet",
+                 "--set", "trainer.max_steps=3"]) == 0

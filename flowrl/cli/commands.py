@@ -23,12 +23,16 @@ def train(args: argparse.Namespace) -> int:
     from flowrl.trainer.summary import run_summary
     from flowrl.trainer.writes import check_writable
 
-    recipe = load_recipe(args.recipe, args.set)
+    own: list[str] = []
     if args.resume:  # fail before any folder is created or written, and before any model loads
         try:
-            find_checkpoint(Path(args.resume))
+            checkpoint = find_checkpoint(Path(args.resume))
         except CheckpointError as error:
             raise CheckpointError(f"--resume {error}") from None
+        from flowrl.trainer.lora import own_lora
+
+        own = own_lora(checkpoint, Path(args.recipe))  # a moved run resumes without the LoRA file it started from
+    recipe = load_recipe(args.recipe, [*own, *args.set])
     if args.resume and not args.output_dir:
         run_dir = Path(args.resume)
         run_dir = run_dir.parent.parent if run_dir.parent.name == "checkpoints" else run_dir

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from flowrl.cli.options import (  # noqa: E402
     Text,
     Whole,
 )
+from flowrl.interfaces import RewardError  # noqa: E402
 from flowrl.registry import KINDS  # noqa: E402
 
 CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
@@ -142,13 +144,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (`flowrl ls | head`): nothing more to say, and no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except commands.USER_ERRORS as error:
+        cause = error.__cause__
+        if isinstance(error, RewardError) and cause is not None and not isinstance(cause, commands.USER_ERRORS):
+            # a user-written reward raised: its traceback is where the bug is, then the line naming the part
+            traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
         message = error.report() if hasattr(error, "report") else str(error)
         print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # 128 + the signal number, as a shell reports it
         print("interrupted", file=sys.stderr)
-        return 143 if getattr(interrupt, "signal", "") == "SIGTERM" else 130
+        return {"SIGTERM": 143, "SIGHUP": 129}.get(getattr(interrupt, "signal", ""), 130)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The trainer's errors that mean "stop and tell the user" (the command line prints them on one line, status 2),
-and the interruption that makes ``flowrl train`` exit 130 or 143."""
+and the interruption that makes ``flowrl train`` exit 130, 143 or 129."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class NothingTrainedError(UserError, RuntimeError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped the run after its checkpoint (``signal``: the signal's name)."""
+    """SIGINT, SIGTERM or SIGHUP stopped the run after its checkpoint (``signal``: the signal's name)."""
 
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)

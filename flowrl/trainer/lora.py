@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from torch import nn
 
@@ -45,3 +47,16 @@ def adapters_disabled(transformer: nn.Module) -> Iterator[None]:
         yield
     finally:
         transformer.enable_adapters()  # type: ignore[operator]
+
+
+def own_lora(folder: Path, recipe_file: Path) -> list[str]:
+    """``lora.init`` pointed at the checkpoint's own LoRA export, for a run that started from an existing LoRA: the
+    export has the adapter's layers, rank and alpha (and the trained tensors, which the weights then replace), so
+    the checkpoint opens wherever it is moved, without the file the run started from."""
+    import tomllib
+
+    init = tomllib.loads(recipe_file.read_text(encoding="utf-8")).get("lora", {}).get("init", "")
+    from flowrl.backbones.lora_export import LORA_FOLDER
+
+    export = Path(folder) / LORA_FOLDER
+    return [f"lora.init={json.dumps(str(export))}"] if init and export.is_dir() else []

@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from flowrl.backbones.lora_export import LORA_FOLDER
 from flowrl.recipe import Recipe, RecipeError, recipe_from_dict
 from flowrl.trainer.checkpoint import CheckpointError
+from flowrl.trainer.lora import own_lora
 
 RESUMABLE = ("name", "trainer.", "optim.")  # keys (or key prefixes) a resume may change
 
@@ -55,6 +57,8 @@ def check_resume(checkpoint: Path, recipe: Recipe) -> list[tuple[str, Any, Any]]
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"checkpoint {checkpoint}: recipe.toml is truncated or corrupt ({error}); use another"
                               " checkpoint (an earlier step_* folder)") from None
+    if own_lora(Path(checkpoint), saved):  # the run opens with the checkpoint's own LoRA export (moved runs)
+        settings["lora"]["init"] = str(Path(checkpoint) / LORA_FOLDER)
     changes = recipe_changes(settings, recipe.to_dict())
     refused = [(k, old, new) for k, old, new in changes if not k.startswith(RESUMABLE)]
     if refused:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from flowrl.errors import part_failure
 from flowrl.interfaces import RewardError, RewardModel
 from flowrl.recipe import Recipe
 from flowrl.rewards.frames import score_pictures
@@ -26,9 +27,8 @@ def score_rollout(rewards: list[tuple[str, float, RewardModel]], rollout: Rollou
     for name, _, reward in rewards:
         try:
             raw = score_pictures(reward, images, texts)  # a clip: the mean over its frames (or the clip)
-        except Exception as error:
-            failure = f"{type(error).__name__}: {error}"
-            raise RewardError(f"reward '{name}' ({type(reward).__name__}) failed: {failure}") from error
+        except (Exception, SystemExit) as error:  # sys.exit() in a reward is its failure, not the run's end
+            raise RewardError(f"reward '{name}' ({type(reward).__name__}) failed: {part_failure(error)}") from error
         if not isinstance(raw, torch.Tensor):
             raise RewardError(
                 f"reward '{name}' returned a {type(raw).__name__}; score() must return a tensor of shape"

@@ -2,7 +2,8 @@
 
 A step checkpoint holds the trained weights (full tensors, also when sharded), the LoRA export, the optimizer,
 LR schedule and EMA state (one slice per process when sharded), the RNG states, every part's
-state (``state_dict``), the loop's counters, the recipe and a row of sample images. ``best`` holds weights only.
+state (``state_dict``), the loop's counters, the recipe and a row of sample images. ``best`` holds the weights,
+the LoRA export and the recipe only.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class RunCheckpoints:
 
     def save_best(self, counters: dict[str, Any], figure: str, value: float) -> None:
         """Write ``checkpoints/best``: the weights, the counters and the figure that made them the best."""
-        weights = self.policy.weights()  # every process: gathering sharded weights is a collective
+        weights, lora = self.policy.weights(), self.policy.lora_layers()  # every process: gathering is collective
         if not self.accelerator.is_main_process:
             return
         folder = self.run_dir / "checkpoints" / BEST
@@ -124,6 +125,8 @@ class RunCheckpoints:
 
         def also(staged: Path) -> None:  # in the staging folder, renamed into place with the weights
             (staged / "recipe.toml").write_text(recipe)
+            if lora is not None:  # as every step checkpoint: the diffusers folder and the kohya file
+                export_lora(self.policy.backbone, staged / LORA_FOLDER, layers=lora)
 
         save_checkpoint(folder, weights, state, {}, keep=None, also=also)
 
