@@ -16,7 +16,7 @@ from torch import Tensor
 
 FrameChoice = int | str | Sequence[int] | None
 DEFAULT_FRAMES = 8  # frames a frame reward scores when the recipe does not say (evenly spaced, first and last kept)
-STILL_FRAMES = 4  # frames a clip shows side by side in a still grid
+STILL_FRAMES = 8  # frames a clip shows side by side in a still grid: every frame of a clip up to 8
 ANIMATION_SUFFIXES = (".webp", ".gif")
 
 

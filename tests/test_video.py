@@ -104,7 +104,9 @@ def test_clips_become_stills_and_animations(tmp_path: Path) -> None:
     stills = as_stills(clips, frames=3)
     assert stills.shape == (2, 3, 8, 24)
     assert torch.equal(stills[0, :, :, 8:16], clips[0, frame_indices(6, 3)[1]])  # the second still is frame 2 or 3
-    assert image_grid(clips, rows=1).shape == (3, 8, 2 * 4 * 8)  # four frames per clip, two clips in a row
+    assert image_grid(clips, rows=1).shape == (3, 8, 2 * 6 * 8)  # every frame of each clip, two clips in a row
+    gapped = image_grid(clips, rows=1, gap=2)  # a white gutter between the two clips
+    assert gapped.shape == (3, 8, 2 * 6 * 8 + 2) and bool((gapped[:, :, 48:50] == 1).all())
     for suffix in (".webp", ".gif"):
         path = tmp_path / f"clip{suffix}"
         write_animation(clips[0], path)
@@ -119,7 +121,7 @@ def test_clips_become_stills_and_animations(tmp_path: Path) -> None:
         write_animation(clips[0], tmp_path / "x.png")
     save_grid_animation(clips, rows=2, path=tmp_path / "grid.gif", scale=1)
     with Image.open(tmp_path / "grid.gif") as image:
-        assert image.n_frames == 6 and image.size == (8, 16)
+        assert image.n_frames == 6 and image.size == (8, 17)  # a pixel of gutter between the two rows
 
 
 def test_held_out_clips_are_written_and_shown_animated(tmp_path: Path) -> None:

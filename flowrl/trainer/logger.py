@@ -63,37 +63,39 @@ class RunLogger:
         self.trackers = []
 
 
-def image_grid(images: Tensor, rows: int) -> Tensor:
-    """``(B, 3, H, W)`` to one ``(3, rows*H, cols*W)`` grid (row-major); clips ``(B, F, 3, H, W)`` show a few
-    frames side by side each (:func:`flowrl.video.as_stills`)."""
+def image_grid(images: Tensor, rows: int, gap: int = 0) -> Tensor:
+    """``(B, 3, H, W)`` to one ``(3, rows*H, cols*W)`` grid (row-major), with ``gap`` white pixels between tiles;
+    clips ``(B, F, 3, H, W)`` show their frames side by side each (:func:`flowrl.video.as_stills`)."""
     images = as_stills(images)
     b, c, h, w = images.shape
     rows = max(1, min(rows, b))
     cols = math.ceil(b / rows)
-    grid = torch.zeros(c, rows * h, cols * w)
+    grid = torch.ones(c, rows * h + (rows - 1) * gap, cols * w + (cols - 1) * gap)
     for i in range(b):
         r, k = divmod(i, cols)
-        grid[:, r * h : (r + 1) * h, k * w : (k + 1) * w] = images[i].detach().float().cpu()
+        y, x = r * (h + gap), k * (w + gap)
+        grid[:, y : y + h, x : x + w] = images[i].detach().float().cpu()
     return grid
 
 
-def save_grid_png(images: Tensor, rows: int, path: Path, scale: int = 4) -> None:
-    """Write an image grid as a PNG (nearest-neighbour upscaled for small images)."""
+def save_grid_png(images: Tensor, rows: int, path: Path, scale: int = 4, gap: int = 1) -> None:
+    """Write an image grid as a PNG (nearest-neighbour upscaled for small images; tiles apart by ``gap`` pixels
+    before scaling, so that one sees which tiles are which)."""
     from PIL import Image
 
-    grid = (image_grid(images, rows).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    grid = (image_grid(images, rows, gap).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     image = Image.fromarray(grid)
     if scale > 1:
         image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
     image.save(path)
 
 
-def save_grid_animation(clips: Tensor, rows: int, path: Path, scale: int = 4) -> None:
+def save_grid_animation(clips: Tensor, rows: int, path: Path, scale: int = 4, gap: int = 1) -> None:
     """Write clips ``(B, F, 3, H, W)`` as one animated grid (WebP or GIF by ``path``'s suffix): its frame ``f``
     is the grid of every clip's frame ``f``."""
     from flowrl.video import write_animation
 
-    frames = torch.stack([image_grid(clips[:, f], rows) for f in range(clips.shape[1])])
+    frames = torch.stack([image_grid(clips[:, f], rows, gap) for f in range(clips.shape[1])])
     write_animation(frames, path, scale=scale)
 
 
