@@ -170,13 +170,13 @@ def test_check_refuses_a_hub_id_offline_unless_cached(monkeypatch: pytest.Monkey
 def test_check_names_the_hps_extra(tmp_path: Path) -> None:
     message = _check_message({"type": "hpsv2", "checkpoint": str(tmp_path / "HPS_v2.1_compressed.pt")})
     assert message.startswith("reward 'hpsv2' needs the 'hps' extra")
-    assert "pip install 'flowrl-grpo[hps]'" in message
+    assert "pip install -e '.[hps]'" in message
 
 
 @pytest.mark.skipif(has_module("rapidocr_onnxruntime"), reason="rapidocr is installed here")
 def test_check_names_the_ocr_extra() -> None:
     message = _check_message({"type": "ocr"})
-    assert message.startswith("reward 'ocr' needs the 'ocr' extra") and "pip install 'flowrl-grpo[ocr]'" in message
+    assert message.startswith("reward 'ocr' needs the 'ocr' extra") and "pip install -e '.[ocr]'" in message
 
 
 def test_missing_reward_weights_fail_before_the_backbone_loads(tmp_path: Path) -> None:

@@ -41,9 +41,32 @@ def test_a_missing_extra_is_named(name: str, tmp_path: Path) -> None:
     if importlib.util.find_spec(name) is not None:
         pytest.skip(f"{name} is installed here")
     assert missing_extra(name) is not None
-    with pytest.raises(TrackerError, match=rf"needs the '{name}' extra .*pip install 'flowrl-grpo\[{name}\]'"):
+    needs = rf"needs the {name} package, which is not installed: pip install {name} \(or, in a flowrl checkout"
+    with pytest.raises(TrackerError, match=needs):
         RunLogger(tmp_path, recipe=recipe_from_dict(tiny_recipe(loggers=["tensorboard", name])))
     assert not (tmp_path / "tb").exists()  # checked before any tracker starts
+
+
+@pytest.mark.parametrize("name", ["wandb", "swanlab"])
+def test_validate_and_train_name_a_missing_tracker_before_any_model_loads(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a missing wandb was found only once the model had loaded, and validate passed the recipe."""
+    if importlib.util.find_spec(name) is not None:
+        pytest.skip(f"{name} is installed here")
+    from flowrl.cli.main import main
+    from flowrl.tomlwrite import dumps
+    from flowrl.trainer import loop
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(dumps(tiny_recipe(loggers=["tensorboard", name])))
+    assert main(["validate", str(recipe)]) == 2
+
+    def no_parts(*args: object) -> None:  # the trainer builds its parts and model only after the check
+        raise AssertionError("a part was built before the missing tracker was found")
+
+    monkeypatch.setattr(loop.Recipe, "build", no_parts)
+    assert main(["train", str(recipe), "--output-dir", str(tmp_path / "run")]) == 2
 
 
 def test_the_run_id_is_made_once_per_run_folder(tmp_path: Path) -> None:

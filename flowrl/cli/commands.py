@@ -51,6 +51,7 @@ def train(args: argparse.Namespace) -> int:
 def validate(args: argparse.Namespace) -> int:
     from flowrl.backbones.module_names import lora_target_problems
     from flowrl.rewards.remote import server_problems
+    from flowrl.trainer.trackers import tracker_problems
 
     failed = 0
     for path in args.recipes:
@@ -58,6 +59,7 @@ def validate(args: argparse.Namespace) -> int:
             recipe = load_recipe(path, args.set)
             problems = list(lora_target_problems(recipe))  # what building the model would refuse, without weights
             problems += server_problems(recipe)  # a served reward's server must answer
+            problems += tracker_problems(recipe.trainer.loggers)  # a tracker's package must be there
             if problems:
                 raise RecipeError(recipe.source, problems)
             print(f"ok  {path}")

@@ -59,7 +59,7 @@ class ModelReward(RewardModel):
 
     extra: str = ""  # the pyproject extra that brings the packages in ``modules``
     modules: tuple[str, ...] = ()  # importable modules the reward needs
-    install_hint: str = ""  # replaces the default ``pip install 'flowrl-grpo[extra]'`` advice
+    install_hint: str = ""  # replaces the default ``pip install -e '.[extra]'`` advice
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -74,7 +74,7 @@ class ModelReward(RewardModel):
     def check(self) -> None:
         missing = [m for m in self.modules if not has_module(m)]
         if missing:
-            hint = self.install_hint or f"pip install 'flowrl-grpo[{self.extra}]'"
+            hint = self.install_hint or f"pip install -e '.[{self.extra}]' in a flowrl checkout"
             raise RewardConfigError(
                 f"{self.label} needs the '{self.extra}' extra (no module {missing[0]}): {hint} (docs/rewards.md)"
             )

@@ -27,7 +27,7 @@ from flowrl.rewards.base import ModelReward, RewardConfigError
 from flowrl.rewards.preprocess import ImagePreprocess
 
 VOCAB = "bpe_simple_vocab_16e6.txt.gz"
-INSTALL = "pip install 'flowrl-grpo[hps]' && pip install --no-deps hpsv2==1.2.0"
+INSTALL = "pip install -e '.[hps]' && pip install --no-deps hpsv2==1.2.0 in a flowrl checkout"
 AUTOCAST = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 

@@ -39,6 +39,7 @@ from flowrl.trainer.runfolder import already_a_run, lock_run_folder
 from flowrl.trainer.saving import RunCheckpoints, best_figure
 from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything
+from flowrl.trainer.trackers import check_trackers
 from flowrl.trainer.update import no_reference
 from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
@@ -60,8 +61,9 @@ class Trainer:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             allow_attention_kernels(self.cfg.attention_kernels)
-        # Rewards first: missing weights or extras fail before the backbone loads.
+        # Rewards and trackers first: missing weights or extras fail before the backbone loads.
         self.rewards = reward_models(recipe)
+        check_trackers(self.cfg.loggers)
         self.prompts = recipe.build("prompts")
         self.selector = recipe.build("selector")
         self.sampler = overlapped(recipe.build("sampler"), self.rewards, self.cfg.overlap_chunks)  # trainer.overlap

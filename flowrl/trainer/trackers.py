@@ -35,7 +35,14 @@ def missing_extra(name: str) -> str | None:
     module = EXTRAS.get(name)
     if module is None or importlib.util.find_spec(module) is not None:
         return None
-    return f"logger '{name}' needs the '{name}' extra (no module {module}): pip install 'flowrl-grpo[{name}]'"
+    return (f"logger '{name}' needs the {module} package, which is not installed: pip install {module} (or, in a flowrl"
+            f" checkout, pip install -e '.[{name}]')")
+
+
+def tracker_problems(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``(key, why)`` for each tracker of ``trainer.loggers`` that cannot start; run by ``flowrl validate`` and
+    by the trainer before any model loads."""
+    return [("trainer.loggers", why) for name in names if (why := missing_extra(name)) is not None]
 
 
 def run_id(run_dir: Path, name: str) -> str:
@@ -122,11 +129,16 @@ class SwanLab:
         self.swanlab.finish()
 
 
+def check_trackers(names: tuple[str, ...]) -> None:
+    """:class:`TrackerError` naming the first tracker of ``trainer.loggers`` whose package is missing."""
+    problems = tracker_problems(names)
+    if problems:
+        raise TrackerError(f"{problems[0][0]}: {problems[0][1]}")
+
+
 def open_trackers(names: tuple[str, ...], run_dir: Path, config: dict[str, Any]) -> list[Any]:
     """Start each tracker of ``trainer.loggers``; :class:`TrackerError` naming the extra when one is missing
     (checked for all before any starts)."""
-    problems = [why for name in names if (why := missing_extra(name)) is not None]
-    if problems:
-        raise TrackerError(f"trainer.loggers: {problems[0]}")
+    check_trackers(names)
     kinds = {"tensorboard": TensorBoard, "wandb": Wandb, "swanlab": SwanLab}
     return [kinds[name](Path(run_dir), config) for name in names]
