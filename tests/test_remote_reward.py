@@ -149,9 +149,10 @@ def test_the_token_is_required_and_a_401_is_not_retried(monkeypatch: pytest.Monk
     with reward_in_thread(Brightness(Brightness.Config()), token="s3cret") as server:
         monkeypatch.delenv("FLOWRL_SERVE_TOKEN", raising=False)
         anonymous = remote(server.url, retries=3)
-        with pytest.raises(RewardConfigError, match="HTTP 401"):
+        with pytest.raises(RewardConfigError, match="HTTP 401") as refused:
             anonymous.check()
         assert anonymous.endpoint.attempts == 1
+        assert "token" in str(refused.value) and "start it" not in str(refused.value)  # it answered: no "start it"
         monkeypatch.setenv("MY_TOKEN", "s3cret")
         allowed = remote(server.url, token_env="MY_TOKEN")
         allowed.check()

@@ -115,9 +115,11 @@ class RemoteReward(RewardModel):
                 self.health = judge_health(self.endpoint, self.judge)
             else:
                 self.health = self.endpoint.get("/health")
-        except RemoteRewardError as error:
+        except RewardServerUnavailable as error:  # nothing answered: the server is down or the address wrong
             start = "start it (`flowrl serve REWARD --port PORT`)" if self.config.protocol == "flowrl" else "start it"
             raise RewardConfigError(f"{self.label}: {error}; {start} or fix reward.url") from None
+        except RemoteRewardError as error:  # it answered, and refused (a 401 names the token): its own advice
+            raise RewardConfigError(f"{self.label}: {error}") from None
         if self.config.protocol == "flowrl":
             self._check_flowrl_health()
 
