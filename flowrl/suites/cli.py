@@ -35,7 +35,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                      "the result is marked not comparable")
     run.add_argument("--set", action="append", default=[], type=KeyValue(), metavar="KEY=VALUE",
                      help="a suite setting (prompts=FILE, detector=URL, ...)")
-    run.add_argument("--batch", type=Whole(1), default=16, help="images generated or scored together")
+    run.add_argument("--batch", type=Whole(1), default=64, help="images generated or scored together (default 64,"
+                     " as flowrl sample; lower it for a large base)")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=run_command)
     cmp = sub.add_parser("compare", help="one table of scored result folders of one suite (the first: baseline)")
