@@ -271,3 +271,137 @@ def test_geneval2_suite_end_to_end(tmp_path: Path) -> None:
     assert 0 < summary["figures"]["soft_tifa_am"] <= 100 and summary["figures"]["soft_tifa_gm"] <= \
         summary["figures"]["soft_tifa_am"] + 1e-9
     assert not summary["pinned"]
+
+
+# -- the served GenEval detector's contract ----------------------------------------------------------------------
+def test_the_served_detector_gives_what_the_detector_gives_in_process(tmp_path: Path) -> None:
+    """scripts/geneval_detector_server.py serving the world's detector on 127.0.0.1: the suite's figures over
+    HTTP equal those of the same detector in process (the official Mask2Former serves the same contract)."""
+    import importlib.util
+    import threading
+
+    spec = importlib.util.spec_from_file_location("detector_server", ROOT / "scripts" / "geneval_detector_server.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def detect(images: list) -> list:
+        tensors = torch.stack([torch.from_numpy(i.astype(np.float32) / 255).permute(2, 0, 1) for i in images])
+        return [[{"label": d.label, "box": list(d.box), "score": d.score, "color": d.color} for d in found]
+                for found in world_detector(tensors, [Item("")] * len(images))]
+
+    server = module.serve(detect, "world", port=0, quiet=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    prompts = tmp_path / "geneval.jsonl"
+    texts = ["a blue square", "two green squares", "a yellow triangle above a blue square", "three cyan circles"]
+    prompts.write_text("".join(json.dumps({"prompt": t, **world_metadata(t)}) + "\n" for t in texts))
+    common = ("--quiet", "--set", f"prompts={str(prompts)!r}", "--protocol", "resolution=32", "--protocol",
+              "guidance=3.5", "--protocol", "steps=8")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert _run("run", "geneval", EGRPO, "--out", str(tmp_path / "a"), "--set", f"detector={url!r}", *common) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _run("run", "geneval", EGRPO, "--out", str(tmp_path / "b"), "--set", "detector='world'", *common) == 0
+    served, local = (json.loads((tmp_path / x / "egrpo-initial" / "geneval" / "summary.json").read_text())
+                     for x in ("a", "b"))
+    assert served["per_prompt"] == local["per_prompt"] and served["figures"] == local["figures"]
+    assert served["figures"]["overall"] > 0  # the base draws some of these: the check can see a difference
+
+
+# -- the reward-scored suites, on a tiny twin with tiny scorers --------------------------------------------------
+CLIP_DIR = ROOT / "tests" / "data" / "rewards" / "clip"
+TINY_SCORERS = (f'[{{type="pickscore", model="{CLIP_DIR}", processor="{CLIP_DIR}", device="cpu"}}, '
+                f'{{type="clipscore", model="{CLIP_DIR}", device="cpu", name="clip"}}]')
+PROMPT_FILES = {
+    "hpsv2": ("styles.json", json.dumps(["a red circle", "two blue squares", "a cat"])),
+    "drawbench": ("db.jsonl", "".join(json.dumps({"prompt": p, "category": c}) + "\n"
+                                      for p, c in (("a red circle", "Colors"), ("two blue squares", "Counting")))),
+    "partiprompts": ("parti.tsv", "Prompt\tCategory\tChallenge\tNote\n\"a red\" circle\tArts\tBasic\t\n"
+                                  "two blue squares\tAbstract\tQuantity\t\n"),
+    "ocr": ("ocr.txt", 'a sign that says "OPEN"\na sign that says "SHOP"\n'),
+}
+
+
+@pytest.mark.parametrize("name", list(PROMPT_FILES))
+def test_reward_suites_end_to_end(name: str, tmp_path: Path) -> None:
+    file, text = PROMPT_FILES[name]
+    (tmp_path / file).write_text(text)
+    scorers = TINY_SCORERS if name != "ocr" else '[{type="jpeg_compressibility", name="ocr"}]'  # RapidOCR: extras
+    out = tmp_path / "out"
+    assert _run("run", name, EGRPO, "--out", str(out), "--quiet", "--set", f"prompts={str(tmp_path / file)!r}",
+                "--set", f"scorers={scorers}", "--protocol", "resolution=32", "--protocol", "guidance=3.5",
+                "--protocol", "steps=4") == 0
+    summary = json.loads((out / "egrpo-initial" / name / "summary.json").read_text())
+    keys = {"pickscore", "clip"} if name != "ocr" else {"ocr"}
+    assert keys <= set(summary["figures"]) and all(math.isfinite(summary["figures"][k]) for k in keys)
+    assert summary["primary"] == ("pickscore" if name != "ocr" else "ocr")
+    if name == "partiprompts":  # split on tabs, no quoting: the quote stays in the prompt
+        assert (out / "egrpo-initial" / name / "samples.txt").read_text().splitlines()[0] == '"a red" circle'
+        assert set(summary["categories"]) == {"Arts", "Abstract"}
+
+
+def test_a_video_base_scores_frame_averaged(tmp_path: Path) -> None:
+    """Wan's tiny twin: clips kept whole as arrays, an image scorer averaged over each clip's frames."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a red circle\ntwo blue squares\n")
+    out = tmp_path / "out"
+    assert _run("run", "drawbench", str(ROOT / "recipes" / "smoke" / "wan.toml"), "--out", str(out), "--quiet",
+                "--set", f"prompts={str(prompts)!r}", "--set", 'scorers=[{type="jpeg_compressibility"}]',
+                "--protocol", "steps=2") == 0
+    folder = out / "wan-initial" / "drawbench"
+    clip = np.load(folder / "images" / "00000_00.npy")
+    assert clip.ndim == 4 and clip.shape[1] == 3  # (F, 3, H, W)
+    from flowrl.rewards.frames import score_pictures
+
+    scorer = flowrl.build("reward", {"type": "jpeg_compressibility"})
+    expected = float(score_pictures(scorer, torch.from_numpy(clip)[None], ["a red circle"])[0])
+    row = json.loads((folder / "scores.jsonl").read_text().splitlines()[0])
+    assert row["jpeg_compressibility"] == pytest.approx(expected, rel=1e-12)
+
+
+# -- damage and failures: one line, exit 2, nothing written lost ---------------------------------------------
+def test_a_damaged_manifest_or_a_failing_scorer_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "out"
+    args = ("run", "world", EGRPO, "--out", str(out), "--prompts", "4", "--quiet", "--tag", "t")
+    assert _run(*args, "--stage", "generate") == 0
+    manifest = next((out / "t" / "world").glob("manifest-*.jsonl"))
+    rows = manifest.read_text().splitlines()
+    manifest.write_text("\n".join([rows[0], "{not json", *rows[1:]]) + "\n")
+    capsys.readouterr()
+    assert _run(*args, "--stage", "score") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{manifest}: line 2 is not a JSON object" in err[0]
+    manifest.write_text("\n".join(rows) + "\n")
+    prompts = tmp_path / "g.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t, **world_metadata(t)}) + "\n"
+                               for t in ("a blue square", "two green squares")))
+    common = ("--out", str(out), "--quiet", "--set", f"prompts={str(prompts)!r}", "--protocol", "resolution=32",
+              "--protocol", "guidance=3.5", "--protocol", "steps=4", "--batch", "4")
+    assert _run("run", "geneval", EGRPO, *common, "--set", "detector='test_suites:failing_detector'") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: suite 'geneval' failed to score") and "RuntimeError: the detector broke" in err[-1]
+    assert not any("Traceback" in line for line in err)  # generation's notes above it, then the one line
+    scored = out / "egrpo-initial" / "geneval" / "scores.jsonl"
+    assert len(scored.read_text().splitlines()) == 4  # the first batch's scores were kept
+    assert _run("run", "geneval", EGRPO, *common, "--set", "detector='world'") == 2  # another scorer: not mixed
+    assert "was scored with other scorer settings" in capsys.readouterr().err
+    assert _run("run", "geneval", EGRPO, *common, "--set", "detector='test_suites:failing_detector'") == 0
+    assert len(scored.read_text().splitlines()) == 8  # only the missing ones scored, once the detector is back
+
+
+CALLS = {"n": 0}
+
+
+def failing_detector(images: torch.Tensor, items: list) -> list:
+    """The world's detector, but its second call fails (a served detector that went down and came back)."""
+    CALLS["n"] += 1
+    if CALLS["n"] == 2:
+        raise RuntimeError("the detector broke")
+    return world_detector(images, items)
+
+
+def test_data_fetch_refuses_an_unknown_set(capsys: pytest.CaptureFixture) -> None:
+    assert main(["data", "fetch", "imagenet"]) == 2
+    assert "unknown prompt set 'imagenet' (known: geneval, geneval2" in capsys.readouterr().err

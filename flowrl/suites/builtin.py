@@ -54,6 +54,7 @@ class RewardSuite(Suite):
     ``name`` or its type); the table reports each scorer's mean per category and overall."""
 
     prompt_set: ClassVar[str] = ""  # the fetched set's name (flowrl data fetch)
+    scoring = ("scorers",)
     default_scorers: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     def __init__(self, config: Any) -> None:

@@ -169,7 +169,9 @@ def run_command(args: argparse.Namespace) -> int:
         for path, tag, folder in zip(args.paths, tags, folders, strict=True):
             policy, used = policy_for(Path(path), protocol)
             print(policy.describe(), file=sys.stderr)
-            facts = {"suite": name, "config": settings, "protocol": used.to_dict(), "pinned": protocol == pinned,
+            images_settings = {k: v for k, v in settings.items() if k not in suite.scoring}
+            facts = {"suite": name, "config": images_settings, "protocol": used.to_dict(),
+                     "pinned": protocol == pinned,
                      "limit": args.prompts, "tag": tag, "checkpoint": str(policy.source), "step": policy.step,
                      "weights_sha256": stages.weights_hash(policy.source), "source": suite.source}
             made = stages.generate(policy, suite, protocol, folder, facts, shard, args.prompts, args.batch, args.quiet)
@@ -177,7 +179,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.stage == "generate" or (args.stage == "all" and shard[1] > 1):
         return 0
     for folder in folders:
-        summary = stages.score(suite, folder, args.batch, args.quiet)
+        scoring = {k: v for k, v in settings.items() if k in suite.scoring}
+        summary = stages.score(suite, folder, args.batch, args.quiet, scoring)
         print(f"{folder}: {summary['primary']} = {summary['figures'].get(summary['primary'])}", file=sys.stderr)
     result = compare(folders)
     _write(result, out / f"comparison-{name}", markdown, plot)

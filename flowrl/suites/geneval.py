@@ -85,6 +85,8 @@ class GenEvalSuite(Suite):
     primary = "overall"
     source = "djghosh13/geneval prompts/evaluation_metadata.jsonl and evaluation/ (rules re-derived)"
 
+    scoring = ("detector",)
+
     @attrs.frozen
     class Config:
         prompts: str = ""  # a metadata file of your own (.jsonl: prompt, tag, include, exclude); default: fetched

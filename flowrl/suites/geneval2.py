@@ -119,6 +119,8 @@ class GenEval2Suite(Suite):
     primary = "soft_tifa_gm"
     source = "facebookresearch/GenEval2 geneval2_data.jsonl (CC BY-NC 4.0) and its Soft-TIFA (re-derived)"
 
+    scoring = ("judge",)
+
     @attrs.frozen
     class Config:
         prompts: str = ""  # a file of your own (.jsonl: prompt, atom_count, vqa_list, skills); default: fetched

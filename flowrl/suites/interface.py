@@ -36,6 +36,7 @@ class Suite(Component, ABC):
     primary: str = "score"  # the figure a comparison's headline row shows
     lossless: ClassVar[bool] = False  # keep images as float arrays (.npy) instead of 8-bit PNGs
     source: ClassVar[str] = ""  # where the prompts and the scoring rules come from (docs and the table's note)
+    scoring: ClassVar[tuple[str, ...]] = ()  # settings that choose the scorer, not the images (a detector's URL)
 
     @abstractmethod
     def protocol(self) -> Protocol:

@@ -5,7 +5,7 @@ image, then the summary). A result folder ``OUT/<tag>/<suite>/`` holds:
                       and the sha256 of its weights
     manifest-*.jsonl  one row per image written: key, prompt index, image index, prompt, category, file
     images/           PNG per image (``P_K.png``), or float arrays (``.npy``) for a lossless suite or a video base
-    scores.jsonl      one row per scored image: key and figures
+    scores.jsonl      one row per scored image: key and figures (scoring.json: the scorer settings they used)
     summary.json      the suite's figures, per-prompt figures for paired comparisons, and the run.json facts
     samples.png       the first prompts' images, a row each (their prompts in samples.txt)
 
@@ -30,7 +30,7 @@ from flowrl.errors import UserError
 from flowrl.suites.interface import Item, Suite
 from flowrl.suites.protocol import Protocol, initial_noise
 
-RUN, SUMMARY, SCORES = "run.json", "summary.json", "scores.jsonl"
+RUN, SUMMARY, SCORES, SCORING = "run.json", "summary.json", "scores.jsonl", "scoring.json"
 
 
 class SuiteError(UserError, ValueError):
@@ -188,8 +188,10 @@ def contact_sheet(folder: Path, items: Sequence[Item], prompts: int = 8) -> None
     (folder / "samples.txt").write_text("".join(items[p].prompt + "\n" for p in chosen), encoding="utf-8")
 
 
-def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False) -> dict[str, Any]:
-    """Score every generated image not scored yet, then write and return ``summary.json``."""
+def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False,
+          scoring: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Score every generated image not scored yet with the scorer settings ``scoring`` (kept in ``scoring.json``:
+    scores made with other settings are refused, not mixed), then write and return ``summary.json``."""
     run_path = folder / RUN
     if not run_path.exists():
         raise SuiteError(f"{run_path} is missing: {folder} is not a suite result folder (generate it first)")
@@ -199,6 +201,7 @@ def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False) -> d
     if not rows:
         raise SuiteError(f"{folder}: no manifest rows (manifest-*.jsonl); run the generate stage first")
     scores_path = folder / SCORES
+    check_scoring(folder, scoring)
     scored = {str(r["key"]): r for r in read_jsonl(scores_path)}
     todo = [rows[key] for key in sorted(rows) if key not in scored]
     for row in todo:
@@ -227,6 +230,16 @@ def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False) -> d
     return summarise(suite, folder, facts, rows, scored)
 
 
+def check_scoring(folder: Path, scoring: dict[str, Any] | None) -> None:
+    """Write ``scoring.json``, or refuse settings other than those the scores there were made with."""
+    path, scoring = folder / SCORING, scoring or {}
+    found = json.loads(path.read_text()) if path.exists() else None
+    if found is not None and found != scoring and (folder / SCORES).exists():
+        raise SuiteError(f"{folder / SCORES} was scored with other scorer settings ({found}, now {scoring}); move it"
+                         " aside to score again with these")
+    path.write_text(json.dumps(scoring, indent=2))
+
+
 def summarise(suite: Suite, folder: Path, facts: dict[str, Any], rows: dict[str, dict[str, Any]],
               scored: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per-prompt figures (the mean over its images) and the suite's aggregate, into ``summary.json``."""
@@ -238,7 +251,8 @@ def summarise(suite: Suite, folder: Path, facts: dict[str, Any], rows: dict[str,
     per_prompt = [{k: float(np.mean([f[k] for f in by_prompt[p]])) for k in by_prompt[p][0]} for p in prompts]
     figures = suite.aggregate(per_prompt, [items[p] for p in prompts]) if per_prompt else {}
     expected = len(jobs(items, suite_protocol(facts), (0, 1), facts.get("limit")))
-    summary = {**facts, "figures": figures, "primary": suite.primary, "images": len(rows), "expected_images": expected,
+    scoring = json.loads((folder / SCORING).read_text()) if (folder / SCORING).exists() else {}
+    summary = {**facts, "scoring": scoring, "figures": figures, "primary": suite.primary, "images": len(rows), "expected_images": expected,
                "complete": len(rows) == expected, "prompts": prompts,
                "categories": [items[p].category for p in prompts], "per_prompt": per_prompt}
     (folder / SUMMARY).write_text(json.dumps(summary, indent=1))

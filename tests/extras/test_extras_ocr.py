@@ -38,3 +38,14 @@ def test_right_text_scores_high_and_wrong_text_low() -> None:
     assert scores[1] <= 0.4, scores
     assert 0.5 <= scores[2] < 1.0, scores  # 'hello' vs 'help': one substitution, one insertion
     assert scores[3] == 0.0, scores
+
+
+def test_the_ocr_suite_scores_with_the_real_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The `ocr` suite's default scorer is this reward: right text 1, wrong text low, per prompt."""
+    (tmp_path / "ocr.txt").write_text('a shop sign that says "HELLO"\na shop sign that says "GOODBYE"\n')
+    suite = build("suite", {"type": "ocr", "prompts": str(tmp_path / "ocr.txt")})
+    suite.check()
+    items = suite.items()
+    rows = suite.score(torch.stack([rendered("HELLO"), rendered("HELLO")]), items)
+    assert rows[0]["ocr"] == 1.0 and rows[1]["ocr"] <= 0.4, rows
+    assert suite.aggregate(rows, items)["ocr"] == (rows[0]["ocr"] + rows[1]["ocr"]) / 2
