@@ -147,7 +147,9 @@ def mmdet_detector(config: str, checkpoint: str, device: str, clip_model: str = 
     return detect
 
 
-def serve(detect: Detect, name: str, host: str = "127.0.0.1", port: int = 8700, quiet: bool = False) -> ThreadingHTTPServer:
+def serve(
+    detect: Detect, name: str, host: str = "127.0.0.1", port: int = 8700, quiet: bool = False
+) -> ThreadingHTTPServer:
     """A server answering the contract with ``detect`` (call ``serve_forever()`` on it)."""
     server = ThreadingHTTPServer((host, port), handler(detect, name))
     server.quiet = quiet  # type: ignore[attr-defined]

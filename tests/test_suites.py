@@ -381,7 +381,8 @@ def test_a_damaged_manifest_or_a_failing_scorer_is_one_line(tmp_path: Path, caps
               "--protocol", "guidance=3.5", "--protocol", "steps=4", "--batch", "4")
     assert _run("run", "geneval", EGRPO, *common, "--set", "detector='test_suites:failing_detector'") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: suite 'geneval' failed to score") and "RuntimeError: the detector broke" in err[-1]
+    assert err[-1].startswith("error: suite 'geneval' failed to score")
+    assert "RuntimeError: the detector broke" in err[-1]
     assert not any("Traceback" in line for line in err)  # generation's notes above it, then the one line
     scored = out / "egrpo-initial" / "geneval" / "scores.jsonl"
     assert len(scored.read_text().splitlines()) == 4  # the first batch's scores were kept

@@ -252,8 +252,8 @@ def summarise(suite: Suite, folder: Path, facts: dict[str, Any], rows: dict[str,
     figures = suite.aggregate(per_prompt, [items[p] for p in prompts]) if per_prompt else {}
     expected = len(jobs(items, suite_protocol(facts), (0, 1), facts.get("limit")))
     scoring = json.loads((folder / SCORING).read_text()) if (folder / SCORING).exists() else {}
-    summary = {**facts, "scoring": scoring, "figures": figures, "primary": suite.primary, "images": len(rows), "expected_images": expected,
-               "complete": len(rows) == expected, "prompts": prompts,
+    summary = {**facts, "scoring": scoring, "figures": figures, "primary": suite.primary, "images": len(rows),
+               "expected_images": expected, "complete": len(rows) == expected, "prompts": prompts,
                "categories": [items[p].category for p in prompts], "per_prompt": per_prompt}
     (folder / SUMMARY).write_text(json.dumps(summary, indent=1))
     return summary
