@@ -18,6 +18,7 @@ iteration holds the compilation and is left out like the others). Each case runs
 process, so a CUDA fault in one leaves the others measurable; the
 script exits 1 if any case crashed or saw a non-finite reward, advantage, loss or gradient norm.
 ``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
+The ``:suites`` cases run a few prompts of two evaluation suites (``flowrl suite``) on the tiny and ~1B models.
 """
 
 from __future__ import annotations
@@ -253,6 +254,55 @@ def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
     return finite
 
 
+SUITE_PROMPTS = ("a blue square", "two green squares", "a yellow triangle above a blue square", "three cyan circles")
+
+
+def run_suite_case(name: str, data: dict[str, Any]) -> bool:
+    """Evaluation suites on a case's model: a few prompts of ``drawbench`` (a local prompt file, JPEG
+    compressibility as the scorer: no weights) and of ``geneval`` (the embedded world's detector), generated and
+    scored by ``flowrl suite run``; prints images per second of each stage (the first prompt batch included)."""
+    import contextlib
+    import io
+    import json
+
+    import torch
+
+    from flowrl.cli.main import main as flowrl_main
+    from flowrl.suites.geneval import world_metadata
+    from flowrl.tomlwrite import dumps
+
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        recipe = folder / f"{name.split(':')[0]}.toml"
+        recipe.write_text(dumps(data))
+        (folder / "db.txt").write_text("".join(p + "\n" for p in SUITE_PROMPTS))
+        (folder / "ge.jsonl").write_text("".join(json.dumps({"prompt": p, **world_metadata(p)}) + "\n"
+                                                 for p in SUITE_PROMPTS))
+        resolution = data["backbone"].get("resolution", 32)
+        protocol = ["--protocol", f"resolution={resolution}", "--protocol", "steps=8"]
+        for suite, settings in (("drawbench", [f"prompts='{folder / 'db.txt'}'",
+                                               'scorers=[{type="jpeg_compressibility"}]']),
+                                ("geneval", [f"prompts='{folder / 'ge.jsonl'}'", "detector='world'"])):
+            sets = [x for s in settings for x in ("--set", s)]
+            times = []
+            for stage in ("generate", "score"):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                with contextlib.redirect_stdout(io.StringIO()):  # the table: only this row is printed
+                    code = flowrl_main(["suite", "run", suite, str(recipe), "--out", str(folder / "out"), "--quiet",
+                                        "--stage", stage, "--batch", "8", *protocol, *sets])
+                times.append(time.perf_counter() - start)
+                ok = ok and code == 0
+            summary = folder / "out" / f"{recipe.stem}-initial" / suite / "summary.json"
+            images = json.loads(summary.read_text())["images"] if summary.exists() else 0
+            print(f"{name + ' ' + suite:<28} {images:3d} images  generate {images / times[0]:7.2f} img/s "
+                  f"(model load included)  score {images / times[1]:7.2f} img/s  {'ok' if code == 0 else 'FAILED'}",
+                  flush=True)
+    return ok
+
+
 NON_FINITE = 3  # a case's exit status when it ran but saw a non-finite value
 
 
@@ -320,8 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     # trainer.compile on the GPU: the ~1B FLUX and the paper-scale models compiled, beside their eager rows
     cases += [(f"{name}:compile", {**data, "trainer": {**data["trainer"], "compile": "default"}})
               for name, data in cases if name.endswith(":retain") and not name.startswith("tiny_")]
+    # evaluation suites (flowrl suite) on the tiny and the ~1B FLUX-class models: a few prompts of two suites
+    cases += [(f"{name.split(':')[0]}:suites", data) for name, data in cases
+              if name in ("tiny_flux:retain", "mid_flux:retain")]
     if args.case is not None:
         data = dict(cases)[args.case]
+        if args.case.endswith(":suites"):
+            return 0 if run_suite_case(args.case, data) else 1
         return 0 if run_case(args.case, data, max(2, args.iterations)) else NON_FINITE
     ok = True
     for name, _ in cases:  # each case in its own process: a CUDA fault in one leaves the others measurable
