@@ -11,6 +11,12 @@ class UserError(Exception):
     """A mistake in the input, or a run condition the user must fix; its message is one line."""
 
 
+class PartError(UserError):
+    """A user-written part (a reward, a selector) failed: raised, exited or returned what its interface does not
+    allow. The line names the part; raised ``from`` the part's own exception, whose traceback the command line
+    prints above the line (the bug is in the part's code)."""
+
+
 def part_failure(error: BaseException) -> str:
     """How a user-written part failed, for the line naming it: the exception's type and message, or the exit
     code it gave ``sys.exit``."""

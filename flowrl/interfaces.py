@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from flowrl.contracts import refuses
-from flowrl.errors import UserError
+from flowrl.errors import PartError
 from flowrl.rng import RolloutRNG
 from flowrl.types import (
     Advantages,
@@ -264,7 +264,7 @@ class RolloutSampler(Component, ABC):
         return int(getattr(self.config, "group_size", 1))
 
 
-class RewardError(UserError, RuntimeError):
+class RewardError(PartError, RuntimeError):
     """A reward model raised or returned the wrong shape; the message names the component."""
 
 

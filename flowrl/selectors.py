@@ -8,9 +8,24 @@ from typing import Any
 import attrs
 import torch
 
-from flowrl.interfaces import TimestepSelector
+from flowrl.errors import PartError, part_failure
+from flowrl.interfaces import Backbone, TimestepSelector
 from flowrl.registry import register
 from flowrl.types import Plan, PlanError, Schedule, Unit
+
+
+def observed_plan(
+    selector: TimestepSelector, backbone: Backbone, prompts: list[str], schedule: Schedule, iteration: int,
+    generator: torch.Generator, final_sde: bool, name: str,
+) -> Plan:
+    """The selector observes the iteration's prompts, then plans it (:func:`iteration_plan`); a hook that raises
+    or exits is a :class:`PartError` naming the selector and the hook."""
+    try:
+        selector.observe(backbone, prompts, schedule)
+    except (Exception, SystemExit) as error:
+        raise PartError(f"selector {name!r} failed in observe() at iteration {iteration}: {part_failure(error)}") \
+            from error
+    return iteration_plan(selector, schedule, iteration, generator, final_sde, name)
 
 
 def iteration_plan(
@@ -20,7 +35,14 @@ def iteration_plan(
     """``selector``'s plan for one iteration, checked against the schedule (a :class:`PlanError` names the
     selector ``name``); unless ``final_sde`` (``[schedule] final_sde``), an untrained last unit ending at noise
     level 0 is dropped, so that step is the ODE step (:meth:`Plan.finish_by_ode`)."""
-    plan = selector.plan(schedule, iteration, generator)
+    try:
+        plan = selector.plan(schedule, iteration, generator)
+    except (Exception, SystemExit) as error:
+        raise PartError(f"selector {name!r} failed in plan() at iteration {iteration}: {part_failure(error)}") \
+            from error
+    if not isinstance(plan, Plan):
+        raise PartError(f"selector {name!r} returned a {type(plan).__name__} from plan() at iteration {iteration}; "
+                        "plan() must return a flowrl.Plan")
     try:
         plan.check(schedule.num_steps)
     except PlanError as error:

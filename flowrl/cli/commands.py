@@ -21,7 +21,7 @@ USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 
 def train(args: argparse.Namespace) -> int:
     from flowrl.trainer import train as run_training
     from flowrl.trainer.summary import run_summary
-    from flowrl.trainer.writes import check_writable
+    from flowrl.trainer.writes import check_writable, refused_writes
 
     own: list[str] = []
     if args.resume:  # fail before any folder is created or written, and before any model loads
@@ -42,7 +42,9 @@ def train(args: argparse.Namespace) -> int:
     if blocked is not None:  # before the model loads: the folder could never be made
         raise RunFolderError(f"--output-dir {run_dir}: {blocked} is a file, not a folder; choose another --output-dir")
     check_writable(run_dir, "--output-dir")  # before the model loads
-    out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
+    # a write the file system refuses anywhere in the run (full, read-only, unwritable): one line naming the file
+    with refused_writes(run_dir, "free space (or mend the folder) and continue with --resume"):
+        out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     if os.environ.get("RANK", "0") == "0":
         print(run_summary(out, recipe.trainer.keep_best))
     return 0

@@ -26,7 +26,7 @@ from flowrl.cli.options import (  # noqa: E402
     Text,
     Whole,
 )
-from flowrl.interfaces import RewardError  # noqa: E402
+from flowrl.errors import PartError  # noqa: E402
 from flowrl.registry import KINDS  # noqa: E402
 
 CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
@@ -150,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except commands.USER_ERRORS as error:
         cause = error.__cause__
-        if isinstance(error, RewardError) and cause is not None and not isinstance(cause, commands.USER_ERRORS):
-            # a user-written reward raised: its traceback is where the bug is, then the line naming the part
+        if isinstance(error, PartError) and cause is not None and not isinstance(cause, commands.USER_ERRORS):
+            # a user-written part raised: its traceback is where the bug is, then the line naming the part
             traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
         message = error.report() if hasattr(error, "report") else str(error)
         print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)

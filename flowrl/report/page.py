@@ -23,6 +23,7 @@ from flowrl.report import ReportError
 from flowrl.report.curves import draw_panels, series
 from flowrl.report.suites import suite_section
 from flowrl.trainer.runfolder import read_metrics
+from flowrl.trainer.writes import refused_writes
 
 MAX_GRIDS = 12  # sample grids shown, spread over the run (first and last always)
 CHECK_SCRIPT = """
@@ -188,8 +189,12 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         raise ReportError(f"--out {out}: folder {out.parent} does not exist")
     page = render(run_dir, rows)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    with refused_writes(out, "free space or choose another --out"):
+        try:
+            tmp.write_text(page, encoding="utf-8")
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return out
 
 

@@ -13,7 +13,6 @@ from torch import Tensor
 
 from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.trackers import open_trackers
-from flowrl.trainer.writes import refused_writes
 from flowrl.video import as_stills, is_clip
 
 
@@ -39,7 +38,7 @@ class RunLogger:
         if not self.enabled:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        with refused_writes(self.path, "free space and continue with --resume"), self.path.open("a") as f:
+        with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
         step = int(metrics["step"])
         numbers = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, int | float) and v is not None}

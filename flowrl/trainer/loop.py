@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
-from flowrl.selectors import iteration_plan
+from flowrl.selectors import observed_plan
 from flowrl.trainer.budget import Budget
 from flowrl.trainer.checkpoint import find_checkpoint, list_checkpoints
 from flowrl.trainer.distributed import global_advantages, reduce_metrics
@@ -182,9 +182,9 @@ class Trainer:
         self.backbone.module.eval()
         nfe0 = self.backbone.nfe
         with torch.no_grad(), self.policy.inference(reference=self.probes_reference):
-            self.selector.observe(self.backbone, prompts, self.schedule)
-            plan = iteration_plan(self.selector, self.schedule, step, generator(seed, step, "plan"),
-                                  self.recipe.schedule.final_sde, self.recipe.parts["selector"].type)
+            plan = observed_plan(self.selector, self.backbone, prompts, self.schedule, step,
+                                 generator(seed, step, "plan"), self.recipe.schedule.final_sde,
+                                 self.recipe.parts["selector"].type)
             # 2. rollout with the current (old) policy, or the loss's lagged copy where it samples with it
             rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
             with self.updater.recording(plan), self.updater.sampling():  # retain: trained inputs keep their graphs

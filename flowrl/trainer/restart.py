@@ -1,4 +1,5 @@
-"""A checkpoint of an iteration's start, written when a served reward stops answering mid-iteration.
+"""A checkpoint of an iteration's start, written when a served reward stops answering mid-iteration, or a
+user-written part (a reward, a selector) fails before the update.
 
 When the rewards are asked for, the iteration has not changed the weights, the optimizer or the loop's counters
 yet, but it has moved the random streams and the parts' state (a selector's window) while planning and rolling
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrl.interfaces import Component, RewardError
+from flowrl.errors import PartError
+from flowrl.interfaces import Component
 from flowrl.rewards.http import RewardServerUnavailable
 from flowrl.trainer.checkpoint import rng_state, set_rng_state
 
@@ -46,20 +48,23 @@ class RestartPoint:
             part.load_state_dict(self.states[name])
 
     def run(self, trainer: Any) -> dict[str, Any]:
-        """``trainer.iteration()``; when a reward server stops answering before the iteration's update (its
-        step counter unchanged), rewind, write the checkpoint of the iteration's start and stop with a
-        :class:`RewardError` naming the server and the checkpoint."""
+        """``trainer.iteration()``; when a part fails before the iteration's update (its step counter unchanged):
+        a reward server that stops answering, or a user-written reward or selector that raises, exits or returns
+        what it must not, rewind, write the checkpoint of the iteration's start and stop with the part's error
+        naming the checkpoint, so that ``--resume`` runs the iteration again once the server is back or the part
+        mended."""
         self.mark()
         step = trainer.step
         try:
             return trainer.iteration()  # type: ignore[no-any-return]
-        except RewardError as error:
-            if trainer.step != step or self.processes > 1 or not server_down(error):
+        except PartError as error:
+            if trainer.step != step or self.processes > 1:
                 raise
             self.rewind()
             folder = self.save(trainer.counters())
-            raise RewardError(f"{error}; checkpoint {folder} holds step {step}: once the server answers, continue "
-                              "with --resume") from error
+            then = "once the server answers" if server_down(error) else "once the part is mended"
+            raise type(error)(f"{error}; checkpoint {folder} holds step {step}: {then}, continue with --resume") \
+                from (error.__cause__ or error)  # the part's own exception: its traceback is shown
 
 
 def server_down(error: BaseException) -> bool:

@@ -34,7 +34,10 @@ def score_rollout(rewards: list[tuple[str, float, RewardModel]], rollout: Rollou
                 f"reward '{name}' returned a {type(raw).__name__}; score() must return a tensor of shape"
                 f" ({rollout.num_rollouts},)"
             )
-        scores[name] = raw.float().cpu()
+        if raw.dtype.is_complex or raw.device.type == "meta":
+            raise RewardError(f"reward '{name}' returned a {raw.dtype} tensor on {raw.device}; score() must return real"
+                              " numbers (any device)")
+        scores[name] = raw.float().cpu()  # any real dtype and device: one float32 score per image on the CPU
         if scores[name].shape != (rollout.num_rollouts,):
             raise RewardError(
                 f"reward '{name}' returned shape {tuple(scores[name].shape)}, expected ({rollout.num_rollouts},)"

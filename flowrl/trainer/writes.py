@@ -37,8 +37,8 @@ def refusal(error: BaseException, path: Path) -> str | None:
 
 @contextmanager
 def refused_writes(path: Path, then: str) -> Iterator[None]:
-    """Turn a refused write under ``path`` into a :class:`WriteRefused` naming it, the cause and ``then``
-    (what to do next); any other error passes unchanged."""
+    """Turn a write the file system refuses under ``path`` into a :class:`WriteRefused` naming the file (the
+    error's own, else ``path``), the cause and ``then`` (what to do next); any other error passes unchanged."""
     try:
         yield
     except WriteRefused:
@@ -47,7 +47,8 @@ def refused_writes(path: Path, then: str) -> Iterator[None]:
         cause = refusal(error, Path(path))
         if cause is None:
             raise
-        raise WriteRefused(f"cannot write {path}: {cause}; {then}") from error
+        named = getattr(error, "filename", None) or path
+        raise WriteRefused(f"cannot write {named}: {cause}; {then}") from error
 
 
 def check_writable(folder: Path, option: str) -> None:
