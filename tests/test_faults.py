@@ -212,3 +212,13 @@ def test_a_seed_past_torch_range_is_a_recipe_error() -> None:
         recipe_from_dict({**tiny_recipe(), "seed": 99999999999999999999})
     with pytest.raises(RecipeError, match="eval_seed"):
         recipe_from_dict(tiny_recipe(eval_seed=2**64))
+
+
+def test_a_reader_that_goes_away_is_no_error(tmp_path: Path) -> None:
+    """`flowrl ls | head -1` printed a BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    command = f"{sys.executable} -m flowrl.cli.main ls | head -1"
+    out = subprocess.run(command, shell=True, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.stdout.strip() == "selector:" and out.stderr == "", out.stderr

@@ -133,15 +133,19 @@ def wait_for_rows(run: Path, n: int, proc: subprocess.Popen[str], timeout: float
 
 
 @pytest.mark.slow
-def test_sigterm_writes_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "status"), [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_stop_signal_writes_a_checkpoint_and_exits_cleanly(tmp_path: Path, name: str, status: int) -> None:
+    """SIGTERM (pre-emption), SIGHUP (a closed terminal: before, it killed the run without a checkpoint) and
+    SIGINT are acknowledged at once, then the iteration ends with a checkpoint; exit 128 + the signal."""
     recipe = tmp_path / "r.toml"
     recipe.write_text(recipe_from_dict(tiny_recipe(max_steps=500)).to_toml())
     proc = start(recipe, tmp_path / "run")
     wait_for_rows(tmp_path / "run", 2, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(getattr(signal, name))
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err  # 128 + SIGTERM: a shell's `train && eval` stops here
-    assert "SIGTERM: checkpoint written" in err
+    assert proc.returncode == status, err  # 128 + the signal: a shell's `train && eval` stops here
+    assert f"{name}: stopping after this iteration with a checkpoint" in err
+    assert f"{name}: checkpoint written" in err
     step = len(rows(tmp_path / "run"))
     assert (tmp_path / "run" / "checkpoints" / f"step_{step:06d}" / "weights.safetensors").exists()
 
