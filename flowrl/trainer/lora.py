@@ -55,7 +55,10 @@ def own_lora(folder: Path, recipe_file: Path) -> list[str]:
     the checkpoint opens wherever it is moved, without the file the run started from."""
     import tomllib
 
-    init = tomllib.loads(recipe_file.read_text(encoding="utf-8")).get("lora", {}).get("init", "")
+    try:
+        init = tomllib.loads(recipe_file.read_text(encoding="utf-8")).get("lora", {}).get("init", "")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return []  # loading the recipe itself names what is wrong with it
     from flowrl.backbones.lora_export import LORA_FOLDER
 
     export = Path(folder) / LORA_FOLDER
