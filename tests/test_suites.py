@@ -406,3 +406,27 @@ def failing_detector(images: torch.Tensor, items: list) -> list:
 def test_data_fetch_refuses_an_unknown_set(capsys: pytest.CaptureFixture) -> None:
     assert main(["data", "fetch", "imagenet"]) == 2
     assert "unknown prompt set 'imagenet' (known: geneval, geneval2" in capsys.readouterr().err
+
+
+def test_a_lora_trained_elsewhere_is_a_column(tmp_path: Path) -> None:
+    """``RECIPE@LORA``: the recipe's base with a diffusers LoRA folder; its images differ from the base's on the
+    same noise, and its weights hash names the LoRA."""
+    from flowrl.backbones.lora_export import export_lora
+    from flowrl.settings import LoraConfig
+    from flowrl.trainer.lora import add_lora
+
+    backbone = flowrl.build("backbone", {"type": "world_tiny"})
+    add_lora(backbone.transformer, LoraConfig(rank=4, alpha=4.0), type(backbone).lora_targets)
+    generator = torch.Generator().manual_seed(0)
+    for name, param in backbone.transformer.named_parameters():
+        if "lora_B" in name:
+            param.data = 0.5 * torch.randn(param.shape, generator=generator)
+    assert export_lora(backbone, tmp_path / "lora") is not None
+    out = tmp_path / "out"
+    assert _run("run", "world", EGRPO, f"{EGRPO}@{tmp_path / 'lora'}", "--out", str(out), "--prompts", "6",
+                "--quiet") == 0
+    base, lora = out / "egrpo-initial" / "world", out / "egrpo+lora" / "world"
+    assert not np.array_equal(np.load(base / "images" / "00000_00.npy"), np.load(lora / "images" / "00000_00.npy"))
+    facts = [json.loads((f / "run.json").read_text()) for f in (base, lora)]
+    assert facts[0]["weights_sha256"] != facts[1]["weights_sha256"]
+    assert _run("run", "world", f"{EGRPO}@{tmp_path / 'missing'}", "--out", str(out)) == 2

@@ -16,12 +16,25 @@ from flowrl.errors import UserError
 def configure(p: argparse.ArgumentParser) -> None:
     from flowrl.cli.options import ExistingPath, KeyValue, Whole
 
+    class Column(ExistingPath):
+        """A path that exists, or ``RECIPE@LORA`` whose two parts exist."""
+
+        def __call__(self, text: str) -> str:
+            recipe, at, lora = text.rpartition("@")
+            if at and recipe.endswith(".toml"):
+                ExistingPath("file", "recipe file")(recipe)
+                ExistingPath("any", "LoRA folder or file")(lora)
+                return text
+            return super().__call__(text)
+
+
     sub = p.add_subparsers(dest="suite_command", required=True, metavar="STAGE")
     run = sub.add_parser("run", help="generate and score checkpoints on a suite, then compare them")
     run.add_argument("suite", help="a suite name (flowrl ls suite) or a TOML file: type = NAME and its settings")
-    run.add_argument("paths", nargs="+", type=ExistingPath("any", "run folder, checkpoint folder or recipe"),
-                     help="each a column: a recipe (its initial policy), a run folder (its last checkpoint) or a"
-                     " checkpoint folder (runs/X/checkpoints/best)")
+    run.add_argument("paths", nargs="+", type=Column("any", "run folder, checkpoint folder or recipe"),
+                     help="each a column: a recipe (its initial policy), a run folder (its last checkpoint), a"
+                     " checkpoint folder (runs/X/checkpoints/best), or RECIPE@LORA: the recipe's base with a LoRA"
+                     " trained elsewhere (a diffusers or peft folder, or a .safetensors file)")
     run.add_argument("--out", default=None, help="results folder: OUT/<tag>/<suite>/ (default: RUN/suites for a "
                      "run folder or one of its checkpoints, where flowrl report finds it)")
     run.add_argument("--tag", action="append", default=[], help="a column's name (one per path; default: the path's)")
@@ -100,7 +113,16 @@ def _shard(text: str | None) -> tuple[int, int]:
     return index, count
 
 
-def _tag(path: Path) -> str:
+def split_column(text: str) -> tuple[Path, str]:
+    """A column's path, and the LoRA of ``RECIPE@LORA`` ("" for none)."""
+    recipe, at, lora = text.rpartition("@")
+    return (Path(recipe), lora) if at and recipe.endswith(".toml") else (Path(text), "")
+
+
+def _tag(text: str) -> str:
+    path, lora = split_column(text)
+    if lora:
+        return f"{path.stem}+{Path(lora).stem}"
     if path.suffix == ".toml":
         return f"{path.stem}-initial"
     if path.parent.name == "checkpoints":
@@ -116,8 +138,9 @@ def default_out(path: Path) -> Path:
     return run / "suites"
 
 
-def policy_for(path: Path, protocol: Any) -> tuple[Any, Any]:
-    """The policy of ``path`` made under ``protocol``, and the protocol with the base's own values filled in."""
+def policy_for(path: Path, protocol: Any, lora: str = "") -> tuple[Any, Any]:
+    """The policy of ``path`` (with the LoRA ``lora`` on a recipe's base) made under ``protocol``, and the protocol
+    with the base's own values filled in."""
     import attrs
 
     from flowrl.loading import load_policy
@@ -135,6 +158,8 @@ def policy_for(path: Path, protocol: Any) -> tuple[Any, Any]:
                 raise UserError(f"the protocol sets {key} = {wanted}, but the base of {path} has no {key} setting;"
                                 f" run it with --protocol {key}=... matching the base (not comparable)")
             overrides.append(f"backbone.{key}={wanted}")
+    if lora:
+        overrides.append(f"lora.init={json.dumps(str(Path(lora).resolve()))}")
     policy = load_policy(path, overrides)
     shift = protocol.shift if protocol.shift is not None else policy.recipe.schedule.shift
     policy.schedule = Schedule(sigmas=policy.backbone.schedule_sigmas(protocol.steps, shift),
@@ -157,23 +182,24 @@ def run_command(args: argparse.Namespace) -> int:
         raise UserError(f"--protocol: {error}") from None
     if args.tag and len(args.tag) != len(args.paths):
         raise UserError(f"--tag given {len(args.tag)} times for {len(args.paths)} paths; give one per path or none")
-    tags = args.tag or [_tag(Path(p)) for p in args.paths]
+    tags = args.tag or [_tag(p) for p in args.paths]
     if len(set(tags)) != len(tags):
         raise UserError(f"two columns would share the name {next(t for t in tags if tags.count(t) > 1)!r}; name each"
                         " with --tag")
     shard = _shard(args.shard)
-    out = Path(args.out) if args.out else default_out(Path(args.paths[0]))
+    out = Path(args.out) if args.out else default_out(split_column(args.paths[0])[0])
     folders = [out / tag / name for tag in tags]
     if args.stage in ("generate", "all"):
         suite.items()  # the prompts are here, before any model loads
-        for path, tag, folder in zip(args.paths, tags, folders, strict=True):
-            policy, used = policy_for(Path(path), protocol)
-            print(policy.describe(), file=sys.stderr)
+        for column, tag, folder in zip(args.paths, tags, folders, strict=True):
+            path, lora = split_column(column)
+            policy, used = policy_for(path, protocol, lora)
+            print(policy.describe() + (f" with the LoRA {lora}" if lora else ""), file=sys.stderr)
             images_settings = {k: v for k, v in settings.items() if k not in suite.scoring}
             facts = {"suite": name, "config": images_settings, "protocol": used.to_dict(),
                      "pinned": protocol == pinned,
                      "limit": args.prompts, "tag": tag, "checkpoint": str(policy.source), "step": policy.step,
-                     "weights_sha256": stages.weights_hash(policy.source), "source": suite.source}
+                     "weights_sha256": stages.weights_hash(policy.source, lora), "source": suite.source}
             made = stages.generate(policy, suite, protocol, folder, facts, shard, args.prompts, args.batch, args.quiet)
             print(f"{folder}: {made} images made", file=sys.stderr)
     if args.stage == "generate" or (args.stage == "all" and shard[1] > 1):

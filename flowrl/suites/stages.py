@@ -65,13 +65,18 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def weights_hash(source: Path) -> str:
-    """sha256 of a checkpoint's weights file, or of a recipe file (an initial policy: the base's own weights)."""
-    path = source if source.suffix == ".toml" else source / "weights.safetensors"
+def weights_hash(source: Path, lora: str = "") -> str:
+    """sha256 of a checkpoint's weights file, or of a recipe file (an initial policy: the base's own weights) and,
+    for a LoRA trained elsewhere, of its weight files too."""
+    files = [source if source.suffix == ".toml" else source / "weights.safetensors"]
+    if lora:
+        found = Path(lora)
+        files += sorted(found.rglob("*.safetensors")) if found.is_dir() else [found]
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for path in files:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return ("recipe:" if source.suffix == ".toml" else "") + digest.hexdigest()
 
 
