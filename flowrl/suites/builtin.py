@@ -13,7 +13,7 @@ from torch import Tensor
 from flowrl.errors import UserError
 from flowrl.registry import build, register
 from flowrl.suites.interface import Item, Suite
-from flowrl.suites.prompt_sets import fetched, read_items
+from flowrl.suites.prompt_sets import suite_items
 from flowrl.suites.protocol import Protocol
 
 
@@ -57,6 +57,16 @@ class RewardSuite(Suite):
     scoring = ("scorers",)
     default_scorers: ClassVar[tuple[dict[str, Any], ...]] = ()
 
+    @attrs.frozen
+    class Config:
+        prompts: str = ""  # a prompt file of your own (default: the fetched set)
+        scorers: tuple[dict[str, Any], ...] = ()  # reward tables; default: the suite's own
+
+    def protocol(self) -> Protocol:
+        # flowrl's choice for the preference benchmarks: FLUX.1-dev's default 28 steps, the base's resolution and
+        # guidance, one image a prompt (the papers' HPD tables state their own)
+        return Protocol(steps=28, images=1, seed=0)
+
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self._models: list[tuple[str, Any]] | None = None
@@ -64,7 +74,7 @@ class RewardSuite(Suite):
         self.primary = str(first.get("name", first.get("type", "score")))  # the first scorer's figure
 
     def items(self) -> list[Item]:
-        return read_items(self.config.prompts) if self.config.prompts else read_items(fetched(self.prompt_set))
+        return suite_items(self.config.prompts, self.prompt_set)
 
     def models(self) -> list[tuple[str, Any]]:
         if self._models is None:
@@ -96,15 +106,6 @@ class RewardSuite(Suite):
         return [{name: float(values[i]) for name, values in columns.items()} for i in range(len(items))]
 
 
-def _preference_config(scorers: tuple[dict[str, Any], ...]) -> Any:
-    @attrs.frozen
-    class Config:
-        prompts: str = ""  # a prompt file of your own (default: the fetched set)
-        scorers: tuple[dict[str, Any], ...] = ()  # reward tables; default: the suite's own
-
-    return Config
-
-
 PREFERENCE = ({"type": "hpsv2", "name": "hps_v2.1"}, {"type": "pickscore"}, {"type": "imagereward"},
               {"type": "clipscore"}, {"type": "aesthetic"})
 
@@ -117,10 +118,6 @@ class HPSv2Suite(RewardSuite):
     prompt_set = "hpsv2"
     default_scorers = PREFERENCE
     source = "HPSv2 benchmark prompts (zhwang/HPDv2 benchmark/{anime,concept-art,paintings,photo}.json)"
-    Config = _preference_config(PREFERENCE)
-
-    def protocol(self) -> Protocol:
-        return Protocol(steps=28, images=1, seed=0)
 
 
 @register("suite", "drawbench")
@@ -130,10 +127,6 @@ class DrawBenchSuite(RewardSuite):
     prompt_set = "drawbench"
     default_scorers = PREFERENCE
     source = "DrawBench (Imagen): the prompts of its published sheet, columns Prompts and Category"
-    Config = _preference_config(PREFERENCE)
-
-    def protocol(self) -> Protocol:
-        return Protocol(steps=28, images=1, seed=0)
 
 
 @register("suite", "partiprompts")
@@ -143,10 +136,6 @@ class PartiPromptsSuite(RewardSuite):
     prompt_set = "partiprompts"
     default_scorers = PREFERENCE
     source = "google-research/parti PartiPrompts.tsv"
-    Config = _preference_config(PREFERENCE)
-
-    def protocol(self) -> Protocol:
-        return Protocol(steps=28, images=1, seed=0)
 
 
 OCR = ({"type": "ocr", "name": "ocr"},)
@@ -159,8 +148,6 @@ class OCRSuite(RewardSuite):
     prompt_set = "ocr"
     default_scorers = OCR
     source = "a file of prompts with the text to render in quotes (Flow-GRPO's OCR test prompts, one a line)"
-    Config = _preference_config(OCR)
-
     def protocol(self) -> Protocol:
         # Flow-GRPO's OCR evaluation setting for SD3.5-M: 512 px, 40 steps, guidance 4.5
         return Protocol(steps=40, images=1, seed=0, guidance=4.5, resolution=512)

@@ -11,7 +11,6 @@ colours; for tests and the world's prompts), ``"module:function"`` one of your o
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,8 +21,8 @@ from torch import Tensor
 from flowrl.errors import UserError
 from flowrl.registry import register
 from flowrl.suites.geneval_rules import TAGS, Detected, judge
-from flowrl.suites.interface import Item, Suite, finite_mean
-from flowrl.suites.prompt_sets import fetched, read_items
+from flowrl.suites.interface import Item, Suite, finite_mean, named_function
+from flowrl.suites.prompt_sets import suite_items
 from flowrl.suites.protocol import Protocol
 
 Detector = Callable[[Tensor, Sequence[Item]], list[list[Detected]]]
@@ -68,12 +67,7 @@ def resolve_detector(name: str) -> Detector:
     if name.startswith(("http://", "https://")):
         return served_detector(name)
     if ":" in name:
-        module, _, attr = name.partition(":")
-        try:
-            found = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as error:
-            raise UserError(f"suite geneval: detector '{name}' cannot be imported ({error})") from None
-        return found  # type: ignore[no-any-return]
+        return named_function(name, "suite geneval: detector")  # type: ignore[no-any-return]
     raise UserError("suite geneval needs a detector: detector = \"http://HOST:PORT\" (the served official one, "
                     "docs/evaluation.md), \"world\", or \"module:function\"")
 
@@ -101,7 +95,7 @@ class GenEvalSuite(Suite):
         return Protocol(steps=40, images=4, seed=0, guidance=4.5, resolution=512)
 
     def items(self) -> list[Item]:
-        items = read_items(self.config.prompts) if self.config.prompts else read_items(fetched("geneval"))
+        items = suite_items(self.config.prompts, "geneval")
         return [Item(i.prompt, str(i.meta.get("tag", i.category)), i.meta) for i in items]
 
     def check(self) -> None:

@@ -12,7 +12,6 @@ verbatim), or ``"module:function"`` (``function(image, question, spellings) -> p
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,8 +22,8 @@ from torch import Tensor
 
 from flowrl.errors import UserError
 from flowrl.registry import register
-from flowrl.suites.interface import Item, Suite
-from flowrl.suites.prompt_sets import fetched, read_items
+from flowrl.suites.interface import Item, Suite, named_function
+from flowrl.suites.prompt_sets import suite_items
 from flowrl.suites.protocol import Protocol
 
 SKILLS = ("object", "attribute", "count", "position", "verb")
@@ -104,10 +103,7 @@ def resolve_judge(name: str) -> Judge:
     if kind == "openai" and rest:
         return openai_judge(rest)
     if rest and kind:
-        try:
-            return getattr(importlib.import_module(kind), rest)  # type: ignore[no-any-return]
-        except (ImportError, AttributeError) as error:
-            raise UserError(f"suite geneval2: judge '{name}' cannot be imported ({error})") from None
+        return named_function(name, "suite geneval2: judge")  # type: ignore[no-any-return]
     raise UserError("suite geneval2 needs a judge: judge = \"transformers:PATH\", \"openai:URL#MODEL\" or "
                     "\"module:function\" (docs/evaluation.md)")
 
@@ -135,7 +131,7 @@ class GenEval2Suite(Suite):
         return Protocol(steps=40, images=1, seed=0, guidance=1.0, resolution=512)
 
     def items(self) -> list[Item]:
-        items = read_items(self.config.prompts) if self.config.prompts else read_items(fetched("geneval2"))
+        items = suite_items(self.config.prompts, "geneval2")
         for item in items:
             questions, skills = item.meta.get("vqa_list"), item.meta.get("skills")
             if not isinstance(questions, list) or not isinstance(skills, list) or len(questions) != len(skills):

@@ -6,6 +6,7 @@ A suite is a registered part like a selector or a reward (``@register("suite", "
 
 from __future__ import annotations
 
+import importlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ import attrs
 import numpy as np
 from torch import Tensor
 
+from flowrl.errors import UserError
 from flowrl.interfaces import Component
 from flowrl.suites.protocol import Protocol
 
@@ -67,6 +69,16 @@ class Suite(Component, ABC):
                 chosen = np.asarray([item.category == category for item in items])
                 out[f"{key}/{category}"] = finite_mean(values[chosen])
         return out
+
+
+def named_function(spec: str, what: str) -> Any:
+    """The function ``module:function`` names (a detector, a judge of your own); a :class:`UserError` naming
+    ``what`` when it cannot be imported."""
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as error:
+        raise UserError(f"{what} '{spec}' cannot be imported ({error})") from None
 
 
 def finite_mean(values: np.ndarray) -> float:

@@ -33,6 +33,11 @@ def fetched(name: str) -> Path:
     return path
 
 
+def suite_items(own: str, name: str) -> list[Item]:
+    """A suite's items: the user's prompt file ``own`` when given, else the fetched set ``name``."""
+    return read_items(Path(own)) if own else read_items(fetched(name))
+
+
 def read_items(path: Path, category: str = "") -> list[Item]:
     """The items of a prompt file (format by suffix); ``category`` for files that name none."""
     path = Path(path)
