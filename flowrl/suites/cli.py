@@ -172,7 +172,7 @@ def policy_for(path: Path, protocol: Any, lora: str = "") -> tuple[Any, Any]:
 
 def run_command(args: argparse.Namespace) -> int:
     from flowrl.suites import stages
-    from flowrl.suites.compare import compare, markdown, plot
+    from flowrl.suites.compare import compare, markdown
 
     name, suite, settings = build_suite(args.suite, args.set)
     pinned = suite.protocol()
@@ -189,32 +189,35 @@ def run_command(args: argparse.Namespace) -> int:
     shard = _shard(args.shard)
     out = Path(args.out) if args.out else default_out(split_column(args.paths[0])[0])
     folders = [out / tag / name for tag in tags]
+    # what makes the images (run.json; another value is another result) and what scores them (scoring.json)
+    scoring = {k: v for k, v in settings.items() if k in suite.scoring}
+    images = {k: v for k, v in settings.items() if k not in suite.scoring}
     if args.stage in ("generate", "all"):
         suite.items()  # the prompts are here, before any model loads
         for column, tag, folder in zip(args.paths, tags, folders, strict=True):
             path, lora = split_column(column)
             policy, used = policy_for(path, protocol, lora)
             print(policy.describe() + (f" with the LoRA {lora}" if lora else ""), file=sys.stderr)
-            images_settings = {k: v for k, v in settings.items() if k not in suite.scoring}
-            facts = {"suite": name, "config": images_settings, "protocol": used.to_dict(),
-                     "pinned": protocol == pinned,
+            facts = {"suite": name, "config": images, "protocol": used.to_dict(), "pinned": protocol == pinned,
                      "limit": args.prompts, "tag": tag, "checkpoint": str(policy.source), "step": policy.step,
                      "weights_sha256": stages.weights_hash(policy.source, lora), "source": suite.source}
             made = stages.generate(policy, suite, protocol, folder, facts, shard, args.prompts, args.batch, args.quiet)
             print(f"{folder}: {made} images made", file=sys.stderr)
     if args.stage == "generate" or (args.stage == "all" and shard[1] > 1):
-        return 0
+        return 0  # a shard: the others may still be generating; score once they are done (--stage score)
     for folder in folders:
-        scoring = {k: v for k, v in settings.items() if k in suite.scoring}
         summary = stages.score(suite, folder, args.batch, args.quiet, scoring)
         print(f"{folder}: {summary['primary']} = {summary['figures'].get(summary['primary'])}", file=sys.stderr)
     result = compare(folders)
-    _write(result, out / f"comparison-{name}", markdown, plot)
+    write_comparison(result, out / f"comparison-{name}")
     print(markdown(result))
     return 0
 
 
-def _write(result: dict[str, Any], out: Path, markdown: Any, plot: Any) -> None:
+def write_comparison(result: dict[str, Any], out: Path) -> None:
+    """``comparison.json``, ``comparison.md`` and ``comparison.png`` in ``out``."""
+    from flowrl.suites.compare import markdown, plot
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "comparison.json").write_text(json.dumps(result, indent=1, allow_nan=True))
     (out / "comparison.md").write_text(markdown(result))
@@ -222,10 +225,10 @@ def _write(result: dict[str, Any], out: Path, markdown: Any, plot: Any) -> None:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from flowrl.suites.compare import compare, markdown, plot
+    from flowrl.suites.compare import compare, markdown
 
     result = compare([Path(f) for f in args.folders])
     if args.out:
-        _write(result, Path(args.out), markdown, plot)
+        write_comparison(result, Path(args.out))
     print(markdown(result))
     return 0
