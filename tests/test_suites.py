@@ -81,6 +81,8 @@ def test_relative_position_and_thresholds() -> None:
     assert not judge([Detected("x", (0, 0, 5, 5), 0.3)], {"tag": "single_object", "include": [{"class": "x",
                                                                                                "count": 1}]})[0]
     assert geneval_score({"a": [1, 0], "b": [1, 1, 1, 1]}) == {"a": 0.5, "b": 1.0, "overall": 0.75}
+    twins = [Detected("x", (0, 0, 5, 5), 0.95), Detected("x", (0, 0, 5, 5), 0.95)]  # suppression is off: both count
+    assert judge(twins, meta)[0]
 
 
 def test_noise_depends_on_the_prompt_and_index_only() -> None:

@@ -4,8 +4,9 @@ clauses, given the objects a detector found in it.
 A prompt's metadata has ``include`` clauses (``class``, ``count``, optional ``color``, optional
 ``position = [relation, index of another include clause]``) and ``exclude`` clauses (``class``, ``count``).
 Detections are kept per class: those scoring above the threshold (0.9 for every class in a ``counting``
-prompt, else 0.3), most confident first, at most 16, then a greedy suppression of boxes overlapping a kept
-one by IoU >= 1 (boxes with the +1 pixel area convention; in effect only exact duplicates go).
+prompt, else 0.3), most confident first, at most 16; the greedy suppression of boxes overlapping a kept one
+(IoU with the +1 pixel area convention) is off at GenEval's overlap setting of 1, so all of them are kept,
+duplicates too.
 
 An image is correct when every clause holds:
 - include: at least ``count`` kept objects of the class; the ``count`` most confident are *the* objects;
@@ -69,7 +70,7 @@ def kept(detections: Sequence[Detected], tag: str) -> dict[str, list[Detected]]:
         ranked = sorted((d for d in detections if d.label == label and d.score > threshold), key=lambda d: -d.score)
         chosen: list[Detected] = []
         for d in ranked[:MAX_OBJECTS]:
-            if all(_iou(d, k) < MAX_OVERLAP for k in chosen):
+            if MAX_OVERLAP >= 1 or all(_iou(d, k) < MAX_OVERLAP for k in chosen):  # at 1, suppression is off
                 chosen.append(d)
         if chosen:
             out[label] = chosen
