@@ -33,16 +33,15 @@ Judge = Callable[[Tensor, str, list[str]], float]
 
 
 def spellings(question: str, answer: str) -> list[str]:
-    """The spellings of ``answer`` whose first-token probabilities are summed: a yes/no answer in four forms
-    (both cases, with and without a leading space), a count as the word in those four forms and as its digits
-    (with and without a space; "other" past ten). Only each spelling's first token is read, as the source does:
-    with a tokenizer that splits digits, "10" counts the probability of "1"."""
+    """The spellings whose first-token probabilities are summed, as the source sums them: for a "How many"
+    question the answer word as given, capitalised, each with a leading space, and its digits with and without a
+    space ("other" for a word that is not one to ten); for any other question "Yes" in four forms (every other
+    question of GenEval 2 expects yes). Only each spelling's first token is read: with a tokenizer that splits
+    digits, "10" counts the probability of "1"."""
     if question.startswith("How many"):
-        word = answer.lower()
-        digits = str(NUMBERS.index(word) + 1) if word in NUMBERS else "other"
+        digits = str(NUMBERS.index(answer) + 1) if answer in NUMBERS else "other"
         return [answer, answer.capitalize(), " " + answer, " " + answer.capitalize(), digits, " " + digits]
-    word = answer.lower()
-    return [word.capitalize(), word, " " + word, " " + word.capitalize()]
+    return ["Yes", "yes", " yes", " Yes"]
 
 
 def transformers_judge(path: str) -> Judge:
@@ -63,8 +62,12 @@ def transformers_judge(path: str) -> Judge:
         pixels = (image.float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question + SUFFIX}]}]
         chat = processor.apply_chat_template(messages, add_generation_prompt=True)
-        inputs = processor(text=[chat], images=[Image.fromarray(pixels)], return_tensors="pt")
-        probs = model(**inputs).logits[0, -1].float().softmax(-1)
+        inputs = processor(text=[chat], images=[Image.fromarray(pixels)], return_tensors="pt").to(model.device)
+        # one greedy token through generate(), as the source does: its first-step scores include the model's
+        # logits processors (a repetition penalty of its generation config, say)
+        out = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True)
+        probs = out.scores[0][0].float().softmax(-1)
         ids = [tokenizer.encode(form, add_special_tokens=False)[0] for form in forms]
         return float(sum(probs[i] for i in ids))
 
