@@ -257,6 +257,40 @@ def _file(tmp: Path) -> Path:
     return path
 
 
+class Column(ExistingPath):
+    """A suite column: a path that exists, or ``RECIPE.toml@LORA`` whose two parts exist."""
+
+    def __call__(self, text: str) -> str:
+        recipe, at, lora = text.rpartition("@")
+        if at and recipe.endswith(".toml"):
+            ExistingPath("file", "recipe file")(recipe)
+            ExistingPath("any", "LoRA folder or file")(lora)
+            return text
+        return super().__call__(text)
+
+    def bad(self, tmp: Path) -> list[tuple[str, str]]:
+        return [*super().bad(tmp), ("a missing LoRA", f"{_file(tmp)}@{tmp / 'missing'}")]
+
+
+class Shard(Kind):
+    """``I/N``: shard I of N, 0 <= I < N."""
+
+    def __call__(self, text: str) -> tuple[int, int]:
+        try:
+            index, count = (int(v) for v in text.split("/"))
+        except ValueError:
+            _refuse(f"expected I/N such as 0/4, got {text!r}")
+        if not 0 <= index < count:
+            _refuse(f"expected I/N with 0 <= I < N, got {text!r}")
+        return index, count
+
+    def bad(self, tmp: Path) -> list[tuple[str, str]]:
+        return [("not I/N", "3"), ("I past N", "4/4"), ("empty", "")]
+
+    def good(self, tmp: Path) -> str:
+        return "0/2"
+
+
 def _folder(tmp: Path) -> Path:
     path = tmp / "a_folder"
     path.mkdir(exist_ok=True)
@@ -273,9 +307,12 @@ def undeclared(parser: argparse.ArgumentParser) -> list[str]:
     return [a.dest for a in declared(parser) if not isinstance(a.type, Kind)]
 
 
-def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """Every command's parser by name."""
+def subparsers(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser by name, nested ones too (``"suite run"``)."""
+    found: dict[str, argparse.ArgumentParser] = {}
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
+            for name, sub in action.choices.items():
+                found[prefix + name] = sub
+                found.update(subparsers(sub, f"{prefix}{name} "))
+    return found

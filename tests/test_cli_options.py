@@ -41,7 +41,7 @@ def test_every_option_declares_its_kind() -> None:
 def command_line(command: str, target: str, value: str, tmp: Path) -> list[str]:
     """The command with every required argument valid and ``target`` given ``value``."""
     sub = subparsers(parser())[command]
-    argv = [command]
+    argv = command.split()  # a nested command: "suite run"
     for action in declared(sub):
         name = name_of(action)
         if not action.option_strings:

@@ -11,6 +11,7 @@ from flowrl.option_kinds import (
     SEED_LIMIT,
     Checkpoint,
     Choice,
+    Column,
     ExistingPath,
     KeyValue,
     Kind,
@@ -18,6 +19,7 @@ from flowrl.option_kinds import (
     OutputFile,
     OutputFolder,
     Seeds,
+    Shard,
     Text,
     Whole,
     declared,
@@ -26,6 +28,6 @@ from flowrl.option_kinds import (
 )
 
 __all__ = [
-    "SEED_LIMIT", "Checkpoint", "Choice", "ExistingPath", "Kind", "KeyValue", "OneLineParser", "OutputFile",
-    "OutputFolder", "Seeds", "Text", "Whole", "declared", "subparsers", "undeclared",
+    "SEED_LIMIT", "Checkpoint", "Choice", "Column", "ExistingPath", "Kind", "KeyValue", "OneLineParser",
+    "OutputFile", "OutputFolder", "Seeds", "Shard", "Text", "Whole", "declared", "subparsers", "undeclared",
 ]

@@ -14,33 +14,24 @@ from flowrl.errors import UserError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from flowrl.cli.options import ExistingPath, KeyValue, Whole
-
-    class Column(ExistingPath):
-        """A path that exists, or ``RECIPE@LORA`` whose two parts exist."""
-
-        def __call__(self, text: str) -> str:
-            recipe, at, lora = text.rpartition("@")
-            if at and recipe.endswith(".toml"):
-                ExistingPath("file", "recipe file")(recipe)
-                ExistingPath("any", "LoRA folder or file")(lora)
-                return text
-            return super().__call__(text)
-
+    from flowrl.cli.options import Choice, Column, ExistingPath, KeyValue, OutputFolder, Shard, Text, Whole
 
     sub = p.add_subparsers(dest="suite_command", required=True, metavar="STAGE")
     run = sub.add_parser("run", help="generate and score checkpoints on a suite, then compare them")
-    run.add_argument("suite", help="a suite name (flowrl ls suite) or a TOML file: type = NAME and its settings")
+    run.add_argument("suite", type=Text(), help="a suite name (flowrl ls suite) or a TOML file: type = NAME and its"
+                     " settings")
     run.add_argument("paths", nargs="+", type=Column("any", "run folder, checkpoint folder or recipe"),
                      help="each a column: a recipe (its initial policy), a run folder (its last checkpoint), a"
                      " checkpoint folder (runs/X/checkpoints/best), or RECIPE@LORA: the recipe's base with a LoRA"
                      " trained elsewhere (a diffusers or peft folder, or a .safetensors file)")
-    run.add_argument("--out", default=None, help="results folder: OUT/<tag>/<suite>/ (default: RUN/suites for a "
-                     "run folder or one of its checkpoints, where flowrl report finds it)")
-    run.add_argument("--tag", action="append", default=[], help="a column's name (one per path; default: the path's)")
-    run.add_argument("--stage", default="all", choices=("generate", "score", "all"))
-    run.add_argument("--shard", default=None, help="I/N: generate only prompts i with i %% N == I (default: the "
-                     "launcher's RANK/WORLD_SIZE)")
+    run.add_argument("--out", default=None, type=OutputFolder(), help="results folder: OUT/<tag>/<suite>/ (default:"
+                     " RUN/suites for a run folder or one of its checkpoints, where flowrl report finds it)")
+    run.add_argument("--tag", action="append", default=[], type=Text(),
+                     help="a column's name (one per path; default: the path's)")
+    run.add_argument("--stage", default="all", type=Choice("generate", "score", "all"),
+                     help="generate, score, or all (default: both, then the comparison)")
+    run.add_argument("--shard", default=None, type=Shard(), help="I/N: generate only prompts i with i %% N == I"
+                     " (default: the launcher's RANK/WORLD_SIZE)")
     run.add_argument("--prompts", type=Whole(1), default=None, help="only the first N prompts (a subset: not"
                      " comparable with published figures)")
     run.add_argument("--protocol", action="append", default=[], type=KeyValue(), metavar="KEY=VALUE",
@@ -54,14 +45,18 @@ def configure(p: argparse.ArgumentParser) -> None:
     run.set_defaults(func=run_command)
     cmp = sub.add_parser("compare", help="one table of scored result folders of one suite (the first: baseline)")
     cmp.add_argument("folders", nargs="+", type=ExistingPath("folder", "suite result folder"))
-    cmp.add_argument("--out", default=None, help="write comparison.md/.json/.png here (default: print markdown)")
+    cmp.add_argument("--out", default=None, type=OutputFolder(),
+                     help="write comparison.md/.json/.png here (default: print markdown)")
     cmp.set_defaults(func=compare_command)
 
 
 def configure_data(p: argparse.ArgumentParser) -> None:
+    from flowrl.cli.options import Choice
+    from flowrl.suites.data import SOURCES
+
     sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
     f = sub.add_parser("fetch", help="download a prompt set from its public source (pinned checksum, licence)")
-    f.add_argument("name", help="geneval, geneval2, partiprompts, hpsv2, drawbench")
+    f.add_argument("name", type=Choice(*SOURCES), help=", ".join(SOURCES))
     f.set_defaults(func=fetch_command)
 
 
@@ -101,16 +96,11 @@ def build_suite(spec: str, settings: list[str]) -> tuple[str, Any, dict[str, Any
         raise UserError(f"suite {spec}: {error}") from None
 
 
-def _shard(text: str | None) -> tuple[int, int]:
-    if text is None:
-        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    try:
-        index, count = (int(v) for v in text.split("/"))
-    except ValueError:
-        raise UserError(f"--shard {text}: expected I/N, for example 0/4") from None
-    if not 0 <= index < count:
-        raise UserError(f"--shard {text}: I must be in 0..N-1")
-    return index, count
+def _shard(given: tuple[int, int] | None) -> tuple[int, int]:
+    """``--shard`` as given, else the launcher's ``RANK``/``WORLD_SIZE`` (one process: ``(0, 1)``)."""
+    if given is not None:
+        return given
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def split_column(text: str) -> tuple[Path, str]:

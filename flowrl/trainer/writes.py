@@ -24,10 +24,18 @@ class WriteRefused(UserError, OSError):
     """The file system refused a write into the run folder."""
 
 
+WRITES_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # refusals that only a write meets
+
+
 def refusal(error: BaseException, path: Path) -> str | None:
-    """Why the file system refused a write to ``path`` (None: ``error`` is not such a refusal)."""
+    """Why the file system refused a write to ``path`` (None: ``error`` is not such a refusal). An error that
+    names no cause (torch's writers) counts when the disk under ``path`` is all but full; a user error never."""
+    if isinstance(error, UserError):
+        return None
     if isinstance(error, OSError) and error.errno in REFUSALS:
         return REFUSALS[error.errno]
+    if not isinstance(error, OSError | RuntimeError):
+        return None
     try:
         free = shutil.disk_usage(next(p for p in (path, *path.parents) if p.exists())).free
     except (OSError, StopIteration):
@@ -48,7 +56,9 @@ def refused_writes(path: Path, then: str) -> Iterator[None]:
         if cause is None:
             raise
         named = getattr(error, "filename", None) or path
-        raise WriteRefused(f"cannot write {named}: {cause}; {then}") from error
+        code = error.errno if isinstance(error, OSError) else None
+        verb = "cannot use" if code in (errno.EACCES, errno.EPERM) else "cannot write"  # a read may meet these too
+        raise WriteRefused(f"{verb} {named}: {cause}; {then}") from error
 
 
 def check_writable(folder: Path, option: str) -> None:
