@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -159,9 +160,9 @@ def available(kind: str) -> list[str]:
 
 
 def summary(cls: type) -> str:
-    """First line of a component's docstring."""
-    doc = (cls.__doc__ or "").strip()
-    return doc.splitlines()[0] if doc else ""
+    """The first sentence of a component's docstring on one line (a sentence wrapped over lines is whole)."""
+    paragraph = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s(?=[A-Z`(])", paragraph, maxsplit=1)[0]
 
 
 def make_config(cls: Any, params: Mapping[str, Any]) -> Any:

@@ -26,7 +26,8 @@ def test_ls_lists_every_kind_with_summaries() -> None:
         assert f"{kind}:" in out.stdout
         for name in flowrl.available(kind):
             line = next(line for line in out.stdout.splitlines() if line.strip().startswith(name + " "))
-            assert len(line.split(None, 1)[1]) > 10  # a real one-line summary
+            text = line.split(None, 1)[1]
+            assert len(text) > 10 and text.endswith((".", ")", "!", "?")), line  # a whole sentence, not cut
 
 
 def test_validate_shipped_recipes() -> None:

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrl.bench.stats import t_two_sided_p
 from flowrl.suites.stages import SUMMARY, SuiteError
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The t value with two-sided tail probability ``p`` (bisection on :func:`t_two_sided_p`)."""
+    """The t value with two-sided tail probability ``p`` (bisection on Student's t tail of flowrl.bench.stats)."""
+    from flowrl.bench.stats import t_two_sided_p  # here: the run report reads these tables without the bench
+
     low, high = 0.0, 1e6
     for _ in range(200):
         mid = (low + high) / 2
@@ -51,6 +52,8 @@ def paired(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
         t = math.nan if n < 2 or mean == 0 else math.copysign(math.inf, mean)
         p = math.nan if n < 2 else (1.0 if mean == 0 else 0.0)
     else:
+        from flowrl.bench.stats import t_two_sided_p
+
         t = mean / (sd / math.sqrt(n))
         p = t_two_sided_p(t, n - 1)
     return {"diff": mean, "half_width": half, "t": t, "p": p, "n": n}
