@@ -130,6 +130,23 @@ class Checkpoint(Kind):
         return "last"
 
 
+class KindOrPart(Kind):
+    """A kind of part (``selector``) or a registered part's name (``egrpo_entropy``)."""
+
+    def __call__(self, text: str) -> str:
+        from flowrl.registry import KINDS, available
+
+        if text in KINDS or any(text in available(kind) for kind in KINDS):
+            return text
+        _refuse(f"expected a kind ({', '.join(KINDS)}) or a part's name (flowrl ls lists them), got {text!r}")
+
+    def bad(self, tmp: Path) -> list[tuple[str, str]]:
+        return [("neither", "nope"), ("empty", "")]
+
+    def good(self, tmp: Path) -> str:
+        return "selector"
+
+
 class Text(Kind):
     """Non-blank text; ``prefix``, when given, is required at its start."""
 

@@ -117,3 +117,15 @@ def test_entropy_tabulates_the_backbones_own_grid(tmp_path: Path) -> None:
     assert float(step1[1]) == round(backbone.schedule_sigmas(6, 3.0)[1], 3)
     out = flowrl_cli("entropy", str(ROOT / "recipes" / "flux2" / "egrpo_hps.toml"), cwd=tmp_path)
     assert out.returncode == 0 and "not the backbone's 'diffusers' one" in out.stderr
+
+
+def test_ls_a_part_prints_its_settings() -> None:
+    """`flowrl ls egrpo_entropy` was refused; it prints the part's class, description and every setting."""
+    out = flowrl_cli("ls", "egrpo_entropy", "world")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("selector egrpo_entropy (flowrl_zoo.egrpo.selector.")
+    for setting in ("tau        float = 1.0", "budget     float = 0.5  (> 0, <= 1", "max_merge  int = 8"):
+        assert setting in out.stdout, out.stdout
+    assert "prompts world (" in out.stdout and "suite world (" in out.stdout  # a name used by two kinds: both
+    refused = flowrl_cli("ls", "egrpo_entropi")
+    assert refused.returncode == 2 and "expected a kind" in refused.stderr

@@ -77,7 +77,12 @@ def show(args: argparse.Namespace) -> int:
 
 
 def ls(args: argparse.Namespace) -> int:
-    kinds = args.kind or list(KINDS)
+    from flowrl.reference import part_text
+
+    kinds = [k for k in args.kind if k in KINDS] or ([] if args.kind else list(KINDS))
+    for name in (n for n in args.kind if n not in KINDS):  # a part's name: its settings (every kind using it)
+        for kind in (k for k in KINDS if name in registry(k).names()):
+            print(part_text(kind, name, registry(kind).get(name)) + "\n")
     for kind in kinds:
         reg = registry(kind)
         print(f"{kind}:")

@@ -20,6 +20,7 @@ from flowrl.cli.options import (  # noqa: E402
     Choice,
     ExistingPath,
     KeyValue,
+    KindOrPart,
     OneLineParser,
     OutputFile,
     OutputFolder,
@@ -27,7 +28,6 @@ from flowrl.cli.options import (  # noqa: E402
     Whole,
 )
 from flowrl.errors import PartError  # noqa: E402
-from flowrl.registry import KINDS  # noqa: E402
 
 CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
 RECIPE, FOLDER = ExistingPath("file", "recipe file"), ExistingPath("folder", "run or checkpoint folder")
@@ -60,8 +60,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE")
     s.set_defaults(func=commands.show)
 
-    ls = sub.add_parser("ls", help="list registered components")
-    ls.add_argument("kind", nargs="*", type=Choice(*KINDS), help="kinds to list (default: all)")
+    ls = sub.add_parser("ls", help="list registered components, or one part's settings (flowrl ls egrpo_entropy)")
+    ls.add_argument("kind", nargs="*", type=KindOrPart(), help="kinds to list (default: all), or parts to describe")
     ls.set_defaults(func=commands.ls)
 
     e = sub.add_parser("eval", help="score a run or checkpoint on evaluation prompts (deterministic ODE sampling)")

@@ -15,6 +15,7 @@ from flowrl.option_kinds import (
     ExistingPath,
     KeyValue,
     Kind,
+    KindOrPart,
     OneLineParser,
     OutputFile,
     OutputFolder,
@@ -28,6 +29,6 @@ from flowrl.option_kinds import (
 )
 
 __all__ = [
-    "SEED_LIMIT", "Checkpoint", "Choice", "Column", "ExistingPath", "Kind", "KeyValue", "OneLineParser",
+    "SEED_LIMIT", "Checkpoint", "Choice", "Column", "ExistingPath", "Kind", "KeyValue", "KindOrPart", "OneLineParser",
     "OutputFile", "OutputFolder", "Seeds", "Shard", "Text", "Whole", "declared", "subparsers", "undeclared",
 ]
