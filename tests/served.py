@@ -118,13 +118,13 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve_process(reward: str, *settings: str, port: int = 0, token: str = "") -> Iterator[Served]:
-    """``flowrl serve REWARD --set ... --port PORT`` as a child process; yields once it listens."""
+def serve_process(reward: str, *settings: str, port: int = 0, token: str = "", quiet: bool = True) -> Iterator[Served]:
+    """``flowrl serve REWARD --set ... --port PORT [--quiet]`` as a child process; yields once it listens."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
     env.pop("FLOWRL_SERVE_TOKEN", None)
     if token:
         env["FLOWRL_SERVE_TOKEN"] = token
-    args = [sys.executable, "-m", "flowrl.cli.main", "serve", reward, "--port", str(port), "--quiet"]
+    args = [sys.executable, "-m", "flowrl.cli.main", "serve", reward, "--port", str(port), *(["--quiet"] * quiet)]
     for item in settings:
         args += ["--set", item]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)

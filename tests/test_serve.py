@@ -120,3 +120,17 @@ def test_several_trainer_processes_share_one_server(tmp_path: Path) -> None:
     expected = [r["reward/total"] for r in metrics(here)]
     assert all([r["reward/total"] for r in metrics(run)] == expected for run in runs)
     assert refused.returncode == 2 and "HTTP 401" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_the_access_log_is_shown_unless_quiet() -> None:
+    """--help said --quiet turns the access log off, but it was never shown (uvicorn's INFO under warning)."""
+    import urllib.request
+
+    from served import serve_process
+
+    for quiet in (False, True):
+        with serve_process("world_verifier", quiet=quiet) as served:
+            urllib.request.urlopen(f"{served.url}/health", timeout=30).read()
+            served.process.terminate()
+            out, err = served.process.communicate(timeout=30)
+        assert ('"GET /health HTTP/1.1" 200' in out + err) != quiet, (quiet, out, err)

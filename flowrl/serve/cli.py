@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import socket
 import sys
@@ -100,5 +101,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: listening on {args.host} without a token: anyone who reaches it can use the reward "
               "(set FLOWRL_SERVE_TOKEN)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=not args.quiet, timeout_keep_alive=30)
+    if not args.quiet:  # the access log is uvicorn's INFO: shown unless --quiet, with its other logs at warning
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
