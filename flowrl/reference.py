@@ -190,12 +190,12 @@ def fields_table(config: type) -> list[str]:
     return out
 
 
-def part_text(kind: str, name: str, cls: type) -> str:
+def part_text(kind: str, name: str, cls: Any) -> str:
     """What ``flowrl ls NAME`` prints: the part's class, summary, body and settings as plain text."""
     lines = [f"{kind} {name} ({cls.__module__}.{cls.__qualname__})"]
     for paragraph in paragraphs(cls.__doc__)[:2]:  # what it is, and how it works
         lines += ["", textwrap.fill(markdown(paragraph).replace("`", ""), width=110)]
-    rows = field_rows(cls.Config)  # type: ignore[attr-defined]
+    rows = field_rows(cls.Config)  # every registered part declares one (flowrl.registry checks it)
     lines += ["", "settings:" if rows else "settings: none"]
     if rows:
         width = max(len(key) for key, *_ in rows)

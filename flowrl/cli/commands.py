@@ -41,7 +41,8 @@ def train(args: argparse.Namespace) -> int:
     blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:  # before the model loads: the folder could never be made
         raise RunFolderError(f"--output-dir {run_dir}: {blocked} is a file, not a folder; choose another --output-dir")
-    check_writable(run_dir, "--output-dir")  # before the model loads
+    if os.environ.get("RANK", "0") == "0":  # one process probes (another's probe folder could vanish under it)
+        check_writable(run_dir, "--output-dir")  # before the model loads
     # a write the file system refuses anywhere in the run (full, read-only, unwritable): one line naming the file
     with refused_writes(run_dir, "free space (or mend the folder) and continue with --resume"):
         out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
