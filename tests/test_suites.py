@@ -197,6 +197,10 @@ def test_missing_prompt_set_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
     assert _run("run", "drawbench", EGRPO, "--out", str(tmp_path / "o")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "flowrl data fetch drawbench" in err[0]
+    assert _run("run", "ocr", EGRPO, "--out", str(tmp_path / "o")) == 2  # no public source: never "fetch it"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: the ocr suite has no prompt set to fetch: give a prompt file with --set prompts=FILE (one"
+                   " prompt a line)"]
 
 
 def test_fetch_checks_the_pinned_checksum(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

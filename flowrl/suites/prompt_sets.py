@@ -25,12 +25,17 @@ def data_root() -> Path:
 
 def fetched(name: str) -> Path:
     """The normalised prompt file of a fetched set; a one-line error naming the command that fetches it."""
+    from flowrl.suites.data import SOURCES
+
     path = data_root() / name / "prompts.jsonl"
-    if not path.exists():
-        raise PromptSetError(f"the {name} prompts are not in {path.parent}: fetch them on a networked machine with "
-                             f"`flowrl data fetch {name}` (then copy that folder here, or set FLOWRL_DATA), or give "
-                             "a prompt file of your own (the suite's `prompts` setting)")
-    return path
+    if path.exists():
+        return path
+    if name not in SOURCES:  # no public source to fetch from (Flow-GRPO's OCR prompts): the user's own file
+        raise PromptSetError(f"the {name} suite has no prompt set to fetch: give a prompt file with --set "
+                             "prompts=FILE (one prompt a line)")
+    raise PromptSetError(f"the {name} prompts are not in {path.parent}: fetch them on a networked machine with "
+                         f"`flowrl data fetch {name}` (then copy that folder here, or set FLOWRL_DATA), or give "
+                         "a prompt file of your own (--set prompts=FILE)")
 
 
 def suite_items(own: str, name: str) -> list[Item]:
