@@ -1,5 +1,5 @@
 """Prompt sets fetched from their public sources (``flowrl data fetch NAME``) into the data folder
-(:func:`flowrl.suites.prompt_sets.data_root`), normalised to ``prompts.jsonl``; each with its licence. Files are
+(:func:`data_root`), normalised to ``prompts.jsonl``; each with its licence. Files are
 pinned to a commit and a sha256 where the source is versioned; a download that does not match is refused.
 GenEval 2's prompts are CC BY-NC 4.0: fetched for your own evaluation, never shipped with flowrl."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,6 @@ from typing import Any
 import attrs
 
 from flowrl.errors import UserError
-from flowrl.suites.prompt_sets import data_root, read_items
 
 RAW = "https://raw.githubusercontent.com"
 
@@ -44,6 +44,28 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "drawbench": (Source("https://docs.google.com/spreadsheets/d/1y7nAbmR4FREi6npB1u-Bo3GFdwdOPYJc617rBOxIRHY/gviz/"
                          "tq?tqx=out:csv", None, "unstated (the Imagen authors' published sheet)", "csv"),),
 }
+
+
+class PromptSetError(UserError, FileNotFoundError):
+    """A prompt set that is not here (fetch it) or cannot be read."""
+
+
+def data_root() -> Path:
+    """Where fetched prompt sets live: ``$FLOWRL_DATA``, else ``~/.cache/flowrl/data``."""
+    return Path(os.environ.get("FLOWRL_DATA") or Path.home() / ".cache" / "flowrl" / "data")
+
+
+def fetched(name: str) -> Path:
+    """The normalised prompt file of a fetched set; a one-line error naming the command that fetches it."""
+    path = data_root() / name / "prompts.jsonl"
+    if path.exists():
+        return path
+    if name not in SOURCES:  # no public source to fetch from (Flow-GRPO's OCR prompts): the user's own file
+        raise PromptSetError(f"the {name} suite has no prompt set to fetch: give a prompt file with --set "
+                             "prompts=FILE (one prompt a line)")
+    raise PromptSetError(f"the {name} prompts are not in {path.parent}: fetch them on a networked machine with "
+                         f"`flowrl data fetch {name}` (then copy that folder here, or set FLOWRL_DATA), or give "
+                         "a prompt file of your own (--set prompts=FILE)")
 
 
 class FetchError(UserError, OSError):
@@ -91,11 +113,13 @@ def fetch(name: str, download: Callable[[str], bytes] = _download) -> Path:
         rows += _rows(name, source, raw)
         seen.append({"url": source.url, "sha256": digest, "pinned": source.sha256 is not None,
                      "licence": source.licence})
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row.get("prompt"), str)), None)
+    if bad is not None:  # a source whose format changed: nothing written
+        raise FetchError(f"{name}: record {bad + 1} of the fetched files has no prompt; nothing written")
     folder = data_root() / name
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "prompts.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     tmp.replace(folder / "prompts.jsonl")
     (folder / "SOURCE.json").write_text(json.dumps({"name": name, "files": seen, "prompts": len(rows)}, indent=2))
-    read_items(folder / "prompts.jsonl")  # it reads back
     return folder / "prompts.jsonl"

@@ -6,36 +6,11 @@ reads), ``.json`` (a list of prompt strings, as the HPSv2 benchmark ships its st
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import UserError
+from flowrl.suites.data import PromptSetError, fetched
 from flowrl.suites.interface import Item
-
-
-class PromptSetError(UserError, FileNotFoundError):
-    """A prompt set that is not here (fetch it) or cannot be read."""
-
-
-def data_root() -> Path:
-    """Where fetched prompt sets live: ``$FLOWRL_DATA``, else ``~/.cache/flowrl/data``."""
-    return Path(os.environ.get("FLOWRL_DATA") or Path.home() / ".cache" / "flowrl" / "data")
-
-
-def fetched(name: str) -> Path:
-    """The normalised prompt file of a fetched set; a one-line error naming the command that fetches it."""
-    from flowrl.suites.data import SOURCES
-
-    path = data_root() / name / "prompts.jsonl"
-    if path.exists():
-        return path
-    if name not in SOURCES:  # no public source to fetch from (Flow-GRPO's OCR prompts): the user's own file
-        raise PromptSetError(f"the {name} suite has no prompt set to fetch: give a prompt file with --set "
-                             "prompts=FILE (one prompt a line)")
-    raise PromptSetError(f"the {name} prompts are not in {path.parent}: fetch them on a networked machine with "
-                         f"`flowrl data fetch {name}` (then copy that folder here, or set FLOWRL_DATA), or give "
-                         "a prompt file of your own (--set prompts=FILE)")
 
 
 def suite_items(own: str, name: str) -> list[Item]:
