@@ -232,7 +232,7 @@ def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False,
                 f.write("".join(line + "\n" for line in lines))
             scored.update({row["key"]: json.loads(line) for row, line in zip(chunk, lines, strict=True)})
             bar.update(len(chunk))
-    return summarise(suite, folder, facts, rows, scored)
+    return summarise(suite, items, folder, facts, rows, scored)
 
 
 def check_scoring(folder: Path, scoring: dict[str, Any] | None) -> None:
@@ -245,10 +245,9 @@ def check_scoring(folder: Path, scoring: dict[str, Any] | None) -> None:
     path.write_text(json.dumps(scoring, indent=2))
 
 
-def summarise(suite: Suite, folder: Path, facts: dict[str, Any], rows: dict[str, dict[str, Any]],
-              scored: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summarise(suite: Suite, items: Sequence[Item], folder: Path, facts: dict[str, Any],
+              rows: dict[str, dict[str, Any]], scored: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per-prompt figures (the mean over its images) and the suite's aggregate, into ``summary.json``."""
-    items = suite.items()
     by_prompt: dict[int, list[dict[str, Any]]] = {}
     for key, row in rows.items():
         by_prompt.setdefault(int(row["prompt_index"]), []).append({k: v for k, v in scored[key].items() if k != "key"})
