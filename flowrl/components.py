@@ -7,16 +7,11 @@ from flowrl import (  # noqa: F401
     prompts,
     selectors,
 )
-from flowrl.backbones import (  # noqa: F401
+from flowrl.backbones import (  # noqa: F401  (each base package registers its adapter and tiny twin)
     flux,
     flux2,
     qwen_image,
     sd3,
-    tiny_flux,
-    tiny_flux2,
-    tiny_qwen_image,
-    tiny_sd3,
-    tiny_wan,
     wan,
 )
 from flowrl.rewards import (  # noqa: F401

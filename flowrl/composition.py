@@ -8,18 +8,27 @@ docs/composition.md lists what this decides for every pair of registered parts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 from flowrl.contracts import describe, provided, required
 
-if TYPE_CHECKING:
-    from flowrl.recipe import Recipe
+
+class ChosenPart(Protocol):
+    """What the check reads of a recipe's part (:class:`flowrl.recipe.Part`): its registered name, class and
+    settings."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def cls(self) -> Any: ...
+    @property
+    def config(self) -> Any: ...
 
 
-def composition_checks(recipe: Recipe) -> Iterator[tuple[str, str]]:
-    """One ``(table, message)`` per unmet need of any part of ``recipe`` (see the module docstring)."""
-    parts = list(recipe.parts.items())
+def composition_checks(recipe_parts: Mapping[str, ChosenPart]) -> Iterator[tuple[str, str]]:
+    """One ``(table, message)`` per unmet need of any of a recipe's parts, by table (see the module docstring)."""
+    parts = list(recipe_parts.items())
     tokens = {table: provided(part.cls, part.config) for table, part in parts}
     everything = frozenset().union(*tokens.values())
     for table, part in parts:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from flowrl.errors import part_failure
 from flowrl.interfaces import Backbone, RewardError, RewardModel
+from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import eval_pictures
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.walk import walk
@@ -92,7 +93,7 @@ def pass_at(
 def evaluate(
     backbone: Backbone,
     prompts: list[str],
-    rewards: Sequence[tuple[str, float, RewardModel]],
+    rewards: Sequence[BuiltReward],
     schedule: Schedule,
     seed: int = 0,
     group: int = 0,
@@ -105,13 +106,13 @@ def evaluate(
     nfe0 = backbone.nfe
     images = ode_images(backbone, prompts, schedule, seed)
     result: dict[str, float] = {}
-    for name, _, model in rewards:
-        figures = _figures(name, model, images, prompts)
-        result.update({f"{name}/{key}": value for key, value in figures.items()})
+    for reward in rewards:
+        figures = _figures(reward.name, reward.model, images, prompts)
+        result.update({f"{reward.name}/{key}": value for key, value in figures.items()})
         if len(rewards) == 1:
             result.update(figures)
     if group > 0 and rewards:
-        result.update(pass_at(backbone, prompts, (rewards[0][0], rewards[0][2]), schedule, group, seed))
+        result.update(pass_at(backbone, prompts, (rewards[0].name, rewards[0].model), schedule, group, seed))
     result["prompts"] = len(prompts)
     result["nfe"] = backbone.nfe - nfe0
     return result

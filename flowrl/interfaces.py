@@ -259,9 +259,12 @@ class RolloutSampler(Component, ABC):
     ) -> Rollout:
         """Sample images and record the trained transitions; every random draw goes through ``rng``."""
 
-    def rollouts_per_prompt(self) -> int:
-        """How many images each prompt yields (for logging and batch sizing)."""
-        return int(getattr(self.config, "group_size", 1))
+    def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+        """How many rollouts :meth:`rollout` returns for ``num_prompts`` prompts under ``plan`` (the memory
+        pre-check sizes the iteration with it; the conformance checks hold it to what :meth:`rollout` does).
+        This default is one group per prompt: ``plan.group_sizes``, else ``config.group_size`` (1 without one).
+        A sampler that shapes its groups otherwise (a tree, a group per trained unit) declares its own."""
+        return sum(plan.sizes(num_prompts, int(getattr(self.config, "group_size", 1))))
 
 
 class RewardError(PartError, RuntimeError):
@@ -278,7 +281,6 @@ class RewardModel(Component, ABC):
 
     video: bool = False  # scores whole clips (B, F, 3, H, W) rather than images
     frames: Any = None  # which frames of a clip an image reward scores (flowrl.video.frame_indices)
-    hands_on: bool = False  # a wrapper that scores through flowrl.rewards.frames itself: given the caller's tensor
 
     def check(self) -> None:
         """Fail early (before any model loads) when weights or extras are missing."""

@@ -13,6 +13,7 @@ from torch import Tensor
 from flowrl.evaluate import evaluate, ode_images
 from flowrl.interfaces import Backbone, PromptSource
 from flowrl.recipe import Recipe, load_recipe
+from flowrl.rewards.built import BuiltReward
 from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights_into
 from flowrl.trainer.lora import add_lora, own_lora
 from flowrl.trainer.rewards import reward_models
@@ -27,7 +28,7 @@ class LoadedPolicy:
     backbone: Backbone
     schedule: Schedule
     prompts: PromptSource
-    rewards: list[tuple[str, float, Any]]
+    rewards: list[BuiltReward]
     step: int
     source: Path  # the checkpoint folder, or the recipe file for an initial policy
 

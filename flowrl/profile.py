@@ -19,7 +19,8 @@ import torch
 
 from flowrl.entropy import jump_std
 from flowrl.evaluate import sample_images
-from flowrl.interfaces import Backbone, RewardModel
+from flowrl.interfaces import Backbone
+from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import score_pictures
 from flowrl.types import Plan, RewardBatch, Schedule, Unit
 
@@ -38,7 +39,7 @@ def one_step_images(
 def reward_profile(
     backbone: Backbone,
     prompts: list[str],
-    rewards: Sequence[tuple[str, float, RewardModel]],
+    rewards: Sequence[BuiltReward],
     schedule: Schedule,
     group: int,
     seed: int = 0,
@@ -47,11 +48,11 @@ def reward_profile(
     """One row per step: ``step``, ``sigma``, the kernel's ``std``, the mean within-group ``spread`` of the
     weighted reward and the share of groups whose reward is not constant (``nonzero``)."""
     repeated = [p for p in prompts for _ in range(group)]
-    weights = {name: w for name, w, _ in rewards}
+    weights = {r.name: r.weight for r in rewards}
     rows = []
     for i in range(schedule.num_steps):
         images = one_step_images(backbone, prompts, schedule, i, group, seed)
-        scores = {name: score_pictures(model, images, repeated).double() for name, _, model in rewards}
+        scores = {r.name: score_pictures(r.model, images, repeated).double() for r in rewards}
         spread = RewardBatch(scores=scores, weights=weights).total.reshape(len(prompts), group).numpy().std(axis=1)
         rows.append(
             {

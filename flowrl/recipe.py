@@ -263,7 +263,7 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
                                   "are untested under torch.compile); use 'off' with sharding")
     yield from update_checks(recipe)
     yield from capability_checks(recipe)
-    yield from composition_checks(recipe)  # what each part provides and requires of the others (flowrl.composition)
+    yield from composition_checks(recipe.parts)  # what each part provides and requires of the others
     for table, part in recipe.parts.items():
         yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_config(part.config))
     for i, reward in enumerate(recipe.rewards):

@@ -144,6 +144,6 @@ class LoraConfig:
         default=None, validator=attrs.validators.optional(attrs.validators.min_len(1))
     )
     # an existing LoRA to start from: a diffusers or peft folder, or a .safetensors file in diffusers, peft or
-    # kohya / ComfyUI key naming (flowrl.backbones.lora_import); its rank, alpha and layers are the adapter's, and
+    # kohya / ComfyUI key naming (flowrl.backbones.lora.load); its rank, alpha and layers are the adapter's, and
     # rank, alpha and target_modules above do not apply. "": start from the base (new adapters)
     init: str = ""

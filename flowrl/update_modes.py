@@ -12,38 +12,18 @@
 second epoch differentiates moved weights), a loss on the rollout's own transitions (a forward-process loss
 trains at re-noised points the rollout never visited), no sharding (FSDP gathers the weights only for the
 rollout) and no dropout (the update runs in training mode). Samplers mark forwards that are never trained
-inputs, such as the deterministic tails after an exploration step, with :func:`untrained_forwards`, so that no
-graph is kept for them; unmarked ones cost memory, never correctness.
+inputs, such as the deterministic tails after an exploration step (:mod:`flowrl.samplers.untrained`), so that
+no graph is kept for them; unmarked ones cost memory, never correctness.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from flowrl.interfaces import ForwardProcessLoss
 
 UPDATE_MODES = ("auto", "recompute", "retain")
-
-_untrained: ContextVar[bool] = ContextVar("flowrl_untrained_forwards", default=False)
-
-
-@contextmanager
-def untrained_forwards() -> Iterator[None]:
-    """Transformer calls inside this context are never trained inputs (ODE tails, probes): the recompute-free
-    update keeps no graph for them."""
-    token = _untrained.set(True)
-    try:
-        yield
-    finally:
-        _untrained.reset(token)
-
-
-def forwards_untrained() -> bool:
-    """Whether the current transformer call is inside :func:`untrained_forwards`."""
-    return _untrained.get()
 
 
 def retain_conflicts(recipe: Any) -> list[tuple[str, str]]:

@@ -45,7 +45,7 @@ def mid_flux_class() -> type:
     used by dotted path (``__main__:MidFlux``) so that nothing is registered."""
     import attrs
 
-    from flowrl.backbones.flux import FluxAdapter
+    from flowrl.backbones.flux.adapter import FluxAdapter
 
     class MidFlux(FluxAdapter):
         """A random-weight FLUX-class transformer of configurable size (gpu_check only)."""
@@ -65,7 +65,7 @@ def mid_flux_class() -> type:
         def load_pipeline(self) -> Any:
             import torch
 
-            from flowrl.backbones.tiny import TinyFluxSpec, tiny_flux_pipeline
+            from flowrl.backbones.flux.tiny import TinyFluxSpec, tiny_flux_pipeline
 
             c = self.config
             spec = TinyFluxSpec(

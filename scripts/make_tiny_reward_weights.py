@@ -86,7 +86,7 @@ def make_clip() -> None:
     """A tiny transformers CLIPModel + word-level tokenizer + preprocessor config, and an aesthetic head."""
     from transformers import CLIPConfig, CLIPModel
 
-    from flowrl.backbones.tokenizer import BOS_ID, DEFAULT_WORDS, EOS_ID, PAD_ID, build_word_tokenizer
+    from flowrl.backbones.common.tokenizer import BOS_ID, DEFAULT_WORDS, EOS_ID, PAD_ID, build_word_tokenizer
 
     folder = DATA / "clip"
     folder.mkdir(parents=True, exist_ok=True)

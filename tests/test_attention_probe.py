@@ -10,15 +10,9 @@ import pytest
 import torch
 
 import flowrl
-from flowrl.backbones.flux_attention import (
-    AttentionEntropyOptions,
-    EntropyProbeProcessor,
-    EntropyRecorder,
-    attention_modules,
-    entropy_probe,
-    softmax_entropy,
-    velocity_and_entropy,
-)
+from flowrl.backbones.common.probe import EntropyRecorder, softmax_entropy
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+from flowrl.backbones.flux.probe import EntropyProbeProcessor, attention_modules, entropy_probe
 from flowrl.config import structure
 
 
@@ -91,7 +85,7 @@ def test_output_unchanged_and_processors_restored(tiny: tuple) -> None:
     with torch.no_grad():
         plain = backbone.velocity(x, s, cond)
     nfe = backbone.nfe
-    v, h = velocity_and_entropy(backbone, x, s, cond, AttentionEntropyOptions(chunk_size=5))
+    v, h = backbone.velocity_and_entropy(x, s, cond, AttentionEntropyOptions(chunk_size=5))
     assert backbone.nfe == nfe + 2  # a probe pass is a transformer evaluation per row
     assert torch.allclose(v, plain, atol=1e-5)
     assert h.shape == (2,) and bool(torch.isfinite(h).all()) and not h.requires_grad

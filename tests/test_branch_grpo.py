@@ -21,8 +21,8 @@ from flowrl.cli.main import main as flowrl_main
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.rng import RolloutRNG
 from flowrl.trainer import Trainer
-from flowrl.trainer.distributed import global_advantages
-from flowrl.trainer.update import transition_losses
+from flowrl.trainer.advantage import global_advantages
+from flowrl.trainer.micro_batches import transition_losses
 from flowrl.types import Advantages, LossInputs, Plan, RewardBatch, Rollout, Schedule, Unit, transition_advantages
 
 TINY = {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import tiny_recipe
 
-from flowrl.backbones.tiny_flux import TinyFlux
-from flowrl.backbones.tiny_sd3 import TinySD3
+from flowrl.backbones.flux.tiny import TinyFlux
+from flowrl.backbones.sd3.tiny import TinySD3
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.trainer import Trainer
 from flowrl.trainer.memory import rollout_bytes
@@ -67,6 +67,29 @@ def test_a_rollout_batch_that_cannot_fit_is_refused_before_the_first_rollout(tmp
         Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     assert rollout_bytes(2, 4, (16, 12), 256) == 4 * 2 * (5 * 192 + 3 * 256)  # the bound's arithmetic
+
+
+def test_a_tree_whose_first_plan_cannot_fit_is_refused_before_its_first_rollout(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A tree's rollouts per prompt depend on the plan (factor ** units): the build-time check can only count the
+    smallest plan's (one split: 2 a prompt); the first iteration's plan (3 splits: 8 a prompt) is checked before
+    it rolls out. Free memory between the two bounds passes the first check and fails the second."""
+    import flowrl.trainer.memory as memory
+
+    data = edited(lambda d: d.update(sampler={"type": "branch_tree", "factor": 2},
+                                     advantage={"type": "branch_depthwise"}))
+    recipe = recipe_from_dict(data)
+    per, steps = recipe.trainer.prompts_per_step, recipe.schedule.num_steps
+    shape, pixels = recipe.build("backbone").latent_shape, 16 * 16
+    smallest, planned = rollout_bytes(per * 2, steps, shape, pixels), rollout_bytes(per * 8, steps, shape, pixels)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: (smallest + planned) // 2)
+    trainer = Trainer(recipe, tmp_path / "run", quiet=True)
+    try:
+        refusal = rf"\[trainer.prompts_per_step\] {per} prompts x 8 rollouts \('branch_tree'"
+        with pytest.raises(RecipeError, match=refusal):
+            trainer.iteration()
+    finally:
+        trainer.release()
+    assert trainer.step == 0 and trainer.backbone.nfe == 0  # refused before the rollout's first forward
 
 
 @pytest.mark.parametrize("backbone", [None, {"type": "tiny_sd3", "resolution": 16}])

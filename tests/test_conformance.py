@@ -166,6 +166,21 @@ def test_a_kernel_whose_std_depends_on_the_latent_is_caught() -> None:
         check_kernel(NoisyStd(NoisyStd.Config()), schedule)
 
 
+def test_a_sampler_that_misdeclares_its_rollout_count_is_caught() -> None:
+    """A sampler that shapes its groups (here: a group per trained unit) but keeps the default count."""
+    recipe, schedule = loaded(ROOT / "recipes" / "tempflow_grpo.toml")
+    base = registry("sampler").get("anchor_branch")
+
+    class Undeclared(base):  # type: ignore[misc, valid-type]
+        def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+            return int(flowrl.RolloutSampler.rollout_count(self, plan, num_prompts))
+
+    config = base.Config(group_size=3)
+    plan = Plan(units=(Unit(0), Unit(2)), trained=(0, 1))
+    with pytest.raises(ConformanceError, match="rollout_count"):
+        check_sampler(lambda: Undeclared(config), tiny(), schedule, plan, PROMPTS)
+
+
 def test_a_sampler_that_miscounts_its_nfe_is_caught() -> None:
     recipe, schedule = loaded(ROOT / "recipes" / "flow_grpo.toml")
     base = registry("sampler").get("independent")

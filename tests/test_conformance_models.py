@@ -131,23 +131,23 @@ def saved(kind: str) -> str:
 
     folder = Path(tempfile.mkdtemp(prefix=f"conformance-{kind}-")) / "model"
     if kind == "flux":
-        from flowrl.backbones.tiny import TinyFluxSpec, save_tiny_flux
+        from flowrl.backbones.flux.tiny import TinyFluxSpec, save_tiny_flux
 
         save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1), folder)
     elif kind == "flux2":  # the recipes' FLUX.2-dev class (Flux2Pipeline, embedded guidance)
-        from flowrl.backbones.tiny_flux2 import TinyFlux2Spec, save_tiny_flux2
+        from flowrl.backbones.flux2.tiny import TinyFlux2Spec, save_tiny_flux2
 
         save_tiny_flux2(TinyFlux2Spec(variant="dev", image_size=16), folder)
     elif kind == "qwen_image":
-        from flowrl.backbones.tiny_qwen_image import TinyQwenImageSpec, save_tiny_qwen_image
+        from flowrl.backbones.qwen_image.tiny import TinyQwenImageSpec, save_tiny_qwen_image
 
         save_tiny_qwen_image(TinyQwenImageSpec(image_size=16), folder)
     elif kind == "wan":
-        from flowrl.backbones.tiny_wan import TinyWanSpec, save_tiny_wan
+        from flowrl.backbones.wan.tiny import TinyWanSpec, save_tiny_wan
 
         save_tiny_wan(TinyWanSpec(), folder)
     else:
-        from flowrl.backbones.tiny_sd3 import TinySD3Spec, save_tiny_sd3
+        from flowrl.backbones.sd3.tiny import TinySD3Spec, save_tiny_sd3
 
         save_tiny_sd3(TinySD3Spec(image_size=16), folder)
     return str(folder)
@@ -188,7 +188,7 @@ def test_recipe_backbones_conform(name: str, settings: dict[str, Any]) -> None:
 
 
 def test_guided_sd3_sampling_counts_two_rows_per_step() -> None:
-    """check_sampler counts the transformer's rows: a guided SD3 step costs 2 (flowrl.backbones.sd3)."""
+    """check_sampler counts the transformer's rows: a guided SD3 step costs 2 (flowrl.backbones.sd3.adapter)."""
     backbone = flowrl.build("backbone", {"type": "tiny_sd3", "resolution": 16, "guidance_scale": 4.5})
     recipe, schedule = loaded(ROOT / "recipes" / "flow_grpo.toml")
     schedule = Schedule(backbone.schedule_sigmas(4, 3.0), schedule.kernel)

@@ -16,9 +16,9 @@ import torch
 from conftest import ROOT, tiny_recipe
 
 import flowrl
-from flowrl.backbones.flux2 import BASE_TARGETS, Flux2Adapter, single_block_outputs
-from flowrl.backbones.module_names import ADAPTABLE, matches, on_meta
-from flowrl.backbones.tiny_flux2 import TinyFlux2, TinyFlux2Spec, save_tiny_flux2
+from flowrl.backbones.flux2.adapter import BASE_TARGETS, Flux2Adapter, single_block_outputs
+from flowrl.backbones.flux2.tiny import TinyFlux2, TinyFlux2Spec, save_tiny_flux2
+from flowrl.backbones.lora.targets import ADAPTABLE, matches, on_meta
 from flowrl.recipe import RecipeError, load_recipe, recipe_from_dict
 from flowrl.samplers.walk import walk
 from flowrl.settings import LoraConfig
@@ -232,7 +232,7 @@ def test_flux2_loads_a_saved_folder_by_its_class(tmp_path: Path, variant: Litera
 
 
 def test_flux2_refuses_other_pipelines_and_fails_clearly_offline(tmp_path: Path) -> None:
-    from flowrl.backbones.tiny_sd3 import TinySD3Spec, save_tiny_sd3
+    from flowrl.backbones.sd3.tiny import TinySD3Spec, save_tiny_sd3
 
     save_tiny_sd3(TinySD3Spec(image_size=16), tmp_path / "sd3")
     recipe = {**tiny_recipe(), "backbone": {"type": "flux2", "path": str(tmp_path / "sd3")}}
@@ -247,7 +247,7 @@ def test_flux2_refuses_other_pipelines_and_fails_clearly_offline(tmp_path: Path)
 def test_lora_targets_are_the_published_list_and_match_layers() -> None:
     from diffusers import Flux2Transformer2DModel
 
-    from flowrl.backbones.flux2 import Flux2FromPretrained
+    from flowrl.backbones.flux2.adapter import Flux2FromPretrained
 
     # the flux2 list = diffusers' dreambooth FLUX.2-dev list; on a transformer with dev's 8 + 48 blocks (tiny
     # widths, no weights) every entry selects adaptable layers, and the single blocks' output is a plain Linear
@@ -290,7 +290,7 @@ def test_gradient_checkpointing_and_fsdp_units() -> None:
 
 @pytest.mark.parametrize(("variant", "scale"), [("klein", 4.0), ("dev", 3.5)])
 def test_attention_probe_keeps_the_velocity(variant: str, scale: float) -> None:
-    from flowrl.backbones.attention_options import AttentionEntropyOptions
+    from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
     backbone = _backbone(variant=variant, guidance_scale=scale, resolution=16)
     x = backbone.noise(3, torch.Generator().manual_seed(0))
@@ -433,7 +433,7 @@ def test_aegpo_recipe_runs_on_the_tiny_twin(tmp_path: Path) -> None:
 def test_default_lora_targets_follow_the_saved_models_single_blocks(tmp_path: Path) -> None:
     """A [lora] without target_modules gets one single-block output per block of the model in the folder (klein
     has fewer than dev's 48), so validate finds every default entry in the model's layers."""
-    from flowrl.backbones.flux2 import Flux2FromPretrained
+    from flowrl.backbones.flux2.adapter import Flux2FromPretrained
 
     save_tiny_flux2(TinyFlux2Spec(image_size=16, num_single_layers=3), tmp_path / "klein")
     table = {"type": "flux2", "path": str(tmp_path / "klein"), "resolution": 16, "max_sequence_length": 16}

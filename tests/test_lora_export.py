@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import tiny_recipe
 
-from flowrl.backbones.lora_export import LORA_FOLDER, export_lora, lora_state_dict
+from flowrl.backbones.lora.export import LORA_FOLDER, export_lora, lora_state_dict
 from flowrl.recipe import recipe_from_dict
 from flowrl.samplers.walk import walk
 from flowrl.trainer.loop import Trainer
@@ -26,13 +26,13 @@ def _base_model(kind: str, folder: Path) -> tuple[dict[str, Any], Any]:
     if kind == "flux":
         from diffusers import FluxPipeline
 
-        from flowrl.backbones.tiny import TinyFluxSpec, save_tiny_flux
+        from flowrl.backbones.flux.tiny import TinyFluxSpec, save_tiny_flux
 
         save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1), folder)
         return {"type": "flux", "path": str(folder), "resolution": 16, "max_sequence_length": 16}, FluxPipeline
     from diffusers import StableDiffusion3Pipeline
 
-    from flowrl.backbones.tiny_sd3 import TinySD3Spec, save_tiny_sd3
+    from flowrl.backbones.sd3.tiny import TinySD3Spec, save_tiny_sd3
 
     save_tiny_sd3(TinySD3Spec(image_size=16), folder)
     table = {"type": "sd3", "path": str(folder), "resolution": 16, "max_sequence_length": 16, "guidance_scale": 4.5}

@@ -14,8 +14,8 @@ import torch
 from conftest import tiny_recipe
 from safetensors.torch import load_file, save_file
 
-from flowrl.backbones.lora_export import KOHYA_SUFFIX, LORA_FOLDER, export_lora, lora_state_dict
-from flowrl.backbones.lora_import import LoraInitError, read_lora
+from flowrl.backbones.lora.export import KOHYA_SUFFIX, LORA_FOLDER, export_lora, lora_state_dict
+from flowrl.backbones.lora.load import LoraInitError, read_lora
 from flowrl.cli.main import main
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.samplers.walk import walk
@@ -34,7 +34,7 @@ STEPS = 4
 def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny saved FLUX base, and a LoRA on it with non-zero B (what training makes) exported three ways."""
     import flowrl
-    from flowrl.backbones.tiny import TinyFluxSpec, save_tiny_flux
+    from flowrl.backbones.flux.tiny import TinyFluxSpec, save_tiny_flux
 
     root = tmp_path_factory.mktemp("lora_init")
     save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1), root / "base")

@@ -8,6 +8,7 @@ import json
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from conftest import tiny_recipe
@@ -17,6 +18,7 @@ from served import Brightness, free_port, reward_in_thread
 import flowrl
 from flowrl.interfaces import RewardError
 from flowrl.recipe import recipe_from_dict
+from flowrl.rewards.built import BuiltReward
 from flowrl.rng import RolloutRNG
 from flowrl.schedule import shifted_sigmas
 from flowrl.trainer import Trainer, train
@@ -60,12 +62,13 @@ def test_the_joined_chunks_are_the_unchunked_rollout() -> None:
 
 
 def test_samplers_that_cannot_be_chunked_and_overlap_off_run_as_before() -> None:
-    rewards = [("r", 1.0, flowrl.build("reward", {"type": "jpeg_compressibility"}))]
+    rewards = [BuiltReward("r", 1.0, flowrl.build("reward", {"type": "jpeg_compressibility"}))]
+    before = list(rewards)
     independent = flowrl.build("sampler", {"type": "independent"})
     assert overlapped(independent, rewards, 1) is independent and overlapped(independent, rewards, 0) is independent
     branch = flowrl.build("sampler", {"type": "anchor_branch", "group_size": 4})
     assert not chunkable(branch) and overlapped(branch, rewards, 4) is branch
-    assert type(rewards[0][2]).__name__ != "PrecomputedReward"  # untouched
+    assert rewards == before and all(a.model is b.model for a, b in zip(rewards, before, strict=True))  # untouched
 
 
 class ThreadNoting(Brightness):
@@ -82,8 +85,8 @@ def test_chunks_are_scored_in_the_background_once_and_train_as_without(tmp_path:
     trainer = Trainer(recipe_from_dict(data), tmp_path / "over", quiet=True)
     noting = ThreadNoting(Brightness.Config())
     noting.seen = []  # type: ignore[attr-defined]
-    trainer.rewards[0][2].model = noting  # type: ignore[attr-defined]
-    trainer.sampler.rewards = [("brightness", noting)]  # type: ignore[attr-defined]
+    trainer.rewards[0] = attrs.evolve(trainer.rewards[0], model=noting)
+    trainer.sampler.rewards = trainer.rewards  # type: ignore[attr-defined]
     over = trainer.run()
     seen = noting.seen  # type: ignore[attr-defined]
     assert [n for n, _ in seen] == ["flowrl-score_0"] * 6 and [b for _, b in seen] == [4] * 6  # 3 chunks, 2 steps

@@ -15,7 +15,7 @@ import torch
 from conftest import ROOT, tiny_recipe
 
 import flowrl
-from flowrl.backbones.qwen_tokenizer import template_prefix_length
+from flowrl.backbones.qwen_image.tokenizer import template_prefix_length
 from flowrl.evaluate import ode_images
 from flowrl.recipe import load_recipe, recipe_from_dict
 from flowrl.registry import registry
@@ -131,7 +131,7 @@ def test_negative_branch_is_frozen() -> None:
     t = backbone.model_time(s)
     v_cond = backbone._forward(x, t, embeds, mask)
     with torch.no_grad():
-        neg = backbone.negative()
+        neg = backbone.unconditional()
         v_neg = backbone._forward(x, t, neg.expand(2, *neg.shape), None)
     comb = v_neg + 3.0 * (v_cond - v_neg)
     expected_v = comb * v_cond.norm(dim=-1, keepdim=True) / comb.norm(dim=-1, keepdim=True)
@@ -179,7 +179,7 @@ def test_template_drop_keeps_exactly_the_prompts_tokens(capsys: pytest.CaptureFi
     assert ids[drop : drop + len(own)] == own and tok.unk_token_id not in own
     assert tok.convert_ids_to_tokens(ids[drop + len(own) :]) == ["<|im_end|>", "\n", "<|im_start|>", "assistant", "\n"]
     assert int(backbone.encode([prompt]).tensors["mask"].sum()) == len(own) + 5
-    from flowrl.backbones.qwen_image import warn_if_template_drop_is_off
+    from flowrl.backbones.qwen_image.adapter import warn_if_template_drop_is_off
 
     capsys.readouterr()
     warn_if_template_drop_is_off(pipe)
@@ -211,7 +211,7 @@ def test_text_embeddings_are_cached_per_prompt(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_attention_probe_leaves_the_velocity_and_skips_padded_keys() -> None:
-    from flowrl.backbones.attention_options import AttentionEntropyOptions
+    from flowrl.backbones.common.probe_options import AttentionEntropyOptions
     from flowrl.interfaces import AttentionEntropyProbe
 
     backbone = _backbone()
@@ -240,8 +240,8 @@ def test_attention_probe_leaves_the_velocity_and_skips_padded_keys() -> None:
 def test_lora_targets_match_the_tiny_transformer_and_train() -> None:
     from torch import nn
 
-    from flowrl.backbones.qwen_image import QwenImageFromPretrained
-    from flowrl.backbones.tiny_qwen_image import TinyQwenImage
+    from flowrl.backbones.qwen_image.adapter import QwenImageFromPretrained
+    from flowrl.backbones.qwen_image.tiny import TinyQwenImage
 
     assert TinyQwenImage.lora_targets == QwenImageFromPretrained.lora_targets
     backbone = _backbone(resolution=16)
@@ -354,7 +354,7 @@ def test_aegpo_probes_the_tiny_twin_and_trains(tmp_path: Path) -> None:
 
 
 def test_qwen_image_loads_a_saved_folder_and_fails_clearly_offline(tmp_path: Path) -> None:
-    from flowrl.backbones.tiny_qwen_image import TinyQwenImageSpec, save_tiny_qwen_image
+    from flowrl.backbones.qwen_image.tiny import TinyQwenImageSpec, save_tiny_qwen_image
 
     save_tiny_qwen_image(TinyQwenImageSpec(image_size=16), tmp_path / "model")
     loaded = flowrl.build(
@@ -373,7 +373,7 @@ def test_qwen_image_loads_a_saved_folder_and_fails_clearly_offline(tmp_path: Pat
 
 
 def test_bad_settings_are_refused_at_validate(tmp_path: Path) -> None:
-    from flowrl.backbones.tiny_qwen_image import TinyQwenImageSpec, save_tiny_qwen_image
+    from flowrl.backbones.qwen_image.tiny import TinyQwenImageSpec, save_tiny_qwen_image
 
     folder = save_tiny_qwen_image(TinyQwenImageSpec(image_size=16), tmp_path / "model")
     cls: Any = registry("backbone").get("qwen_image")
@@ -390,7 +390,7 @@ def test_bad_settings_are_refused_at_validate(tmp_path: Path) -> None:
 def test_shipped_qwen_image_recipes_validate(path: Path) -> None:
     recipe = load_recipe(path)
     assert recipe.parts["backbone"].type in ("qwen_image", "tiny_qwen_image")
-    from flowrl.backbones.module_names import lora_target_problems
+    from flowrl.backbones.lora.targets import lora_target_problems
 
     assert list(lora_target_problems(recipe)) == []
 

@@ -160,7 +160,7 @@ def test_trainer_runs_sd3_with_lora_checkpointing_and_bf16() -> None:
 
 
 def test_sd3_loads_a_saved_folder_and_fails_clearly_offline(tmp_path: Path) -> None:
-    from flowrl.backbones.tiny_sd3 import TinySD3Spec, save_tiny_sd3
+    from flowrl.backbones.sd3.tiny import TinySD3Spec, save_tiny_sd3
 
     save_tiny_sd3(TinySD3Spec(image_size=16), tmp_path / "model")
     loaded = flowrl.build(

@@ -19,7 +19,7 @@ import torch
 from conftest import ROOT, tiny_recipe
 from safetensors.torch import load_file
 
-from flowrl.backbones.lora_export import LORA_FOLDER
+from flowrl.backbones.lora.export import LORA_FOLDER
 from flowrl.recipe import recipe_from_dict
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ LAUNCH = ["launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"
 @pytest.fixture(scope="module")
 def flux(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The backbone table of a tiny random FLUX pipeline saved in the diffusers layout."""
-    from flowrl.backbones.tiny import TinyFluxSpec, save_tiny_flux
+    from flowrl.backbones.flux.tiny import TinyFluxSpec, save_tiny_flux
 
     folder = tmp_path_factory.mktemp("flux")
     save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=2, num_single_layers=2), folder)

@@ -418,7 +418,7 @@ def test_data_fetch_refuses_an_unknown_set(capsys: pytest.CaptureFixture) -> Non
 def test_a_lora_trained_elsewhere_is_a_column(tmp_path: Path) -> None:
     """``RECIPE@LORA``: the recipe's base with a diffusers LoRA folder; its images differ from the base's on the
     same noise, and its weights hash names the LoRA."""
-    from flowrl.backbones.lora_export import export_lora
+    from flowrl.backbones.lora.export import export_lora
     from flowrl.settings import LoraConfig
     from flowrl.trainer.lora import add_lora
 

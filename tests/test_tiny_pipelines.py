@@ -11,8 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from diffusers import FluxPipeline  # noqa: E402
 
-from flowrl.backbones.tiny import TinyFluxSpec, load_tiny_flux, save_tiny_flux, tiny_flux_pipeline  # noqa: E402
-from flowrl.backbones.tokenizer import (  # noqa: E402
+from flowrl.backbones.common.tokenizer import (  # noqa: E402
     BOS_ID,
     DEFAULT_WORDS,
     EOS_ID,
@@ -21,6 +20,7 @@ from flowrl.backbones.tokenizer import (  # noqa: E402
     UNK_ID,
     build_word_tokenizer,
 )
+from flowrl.backbones.flux.tiny import TinyFluxSpec, load_tiny_flux, save_tiny_flux, tiny_flux_pipeline  # noqa: E402
 
 PROMPTS = ["a red circle", "two dogs"]
 PIXEL = TinyFluxSpec()

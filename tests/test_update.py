@@ -11,7 +11,7 @@ from conftest import ROOT
 
 from flowrl.recipe import load_recipe
 from flowrl.trainer import Trainer
-from flowrl.trainer.update import prompt_chunks
+from flowrl.trainer.micro_batches import prompt_chunks
 
 SMALL = ["trainer.prompts_per_step=2", "trainer.eval_every=0", "trainer.eval_every_nfe=0", "trainer.max_minutes=0",
          "trainer.checkpoint_every=0", "trainer.image_every=0", "trainer.train_batch_size=4"]

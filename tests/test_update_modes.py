@@ -44,13 +44,12 @@ def test_retain_gives_the_recompute_gradient(name: str, tmp_path: Path) -> None:
         trainer.policy.step = lambda: grads.append(  # type: ignore[method-assign]
             [p.grad.detach().clone() for _, p in trainer.named_params]
         )
-        retained = updater.retained
+        retained = trainer.retention.take()
         assert retained is not None and retained.rows_kept > 0, "the rollout kept no graph"
         forwards = []
         for kept in (None, retained):  # recompute first: it must not consume the kept graphs
-            updater.retained = kept
             nfe0 = backbone.nfe
-            seen[f"result_{kept is None}"] = updater(rollout, advantages, rewards, trainer.step)
+            seen[f"result_{kept is None}"] = updater(rollout, advantages, rewards, trainer.step, kept)
             forwards.append(backbone.nfe - nfe0)
         seen.update(grads=grads, forwards=forwards, inputs=rollout.transitions.num_inputs)
         del trainer.policy.step

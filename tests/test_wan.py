@@ -194,8 +194,8 @@ def test_negative_branch_is_frozen_and_embeddings_are_cached(monkeypatch: pytest
 
 
 def test_wan_loads_a_saved_folder_refuses_a_second_expert_and_fails_clearly_offline(tmp_path: Path) -> None:
-    from flowrl.backbones.tiny_wan import TinyWanSpec, save_tiny_wan, tiny_wan_pipeline
-    from flowrl.backbones.wan import WanFromPretrained
+    from flowrl.backbones.wan.adapter import WanFromPretrained
+    from flowrl.backbones.wan.tiny import TinyWanSpec, save_tiny_wan, tiny_wan_pipeline
 
     save_tiny_wan(TinyWanSpec(), tmp_path / "model")
     settings = {"type": "wan", "path": str(tmp_path / "model"), "resolution": 16, "num_frames": 5,
@@ -302,7 +302,7 @@ def test_smoke_recipe_trains(tmp_path: Path) -> None:
     assert sum(1 for row in rows if '"grad_norm"' in row) == 20  # every iteration of the recipe
 
 
-# -- AEGPO's attention-entropy probe (flowrl.backbones.wan_attention) ---------------------------------------
+# -- AEGPO's attention-entropy probe (flowrl.backbones.wan.probe) ---------------------------------------
 def test_pinned_diffusers_internals() -> None:
     """The probe subclasses WanAttnProcessor of diffusers 0.42 and imports one private helper."""
     import inspect
@@ -310,7 +310,7 @@ def test_pinned_diffusers_internals() -> None:
     import diffusers
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
 
-    from flowrl.backbones.wan_attention import WanEntropyProbeProcessor
+    from flowrl.backbones.wan.probe import WanEntropyProbeProcessor
 
     assert diffusers.__version__.startswith("0.42.")
     helper = list(inspect.signature(_get_qkv_projections).parameters)
@@ -325,8 +325,8 @@ def test_probe_entropy_is_the_explicit_softmax_of_the_layer_it_reads(keys: Liter
     softmax (so they are the model's), and the probe's entropy is that softmax's; the velocity is unchanged."""
     from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-    from flowrl.backbones.attention_options import AttentionEntropyOptions
-    from flowrl.backbones.wan_attention import rotate
+    from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+    from flowrl.backbones.wan.probe import rotate
 
     backbone = _backbone(width=32, num_frames=5, guidance_scale=4.5)
     attn = backbone.transformer.blocks[0].attn1 if keys == "all" else backbone.transformer.blocks[0].attn2

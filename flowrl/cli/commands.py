@@ -52,7 +52,7 @@ def train(args: argparse.Namespace) -> int:
 
 
 def validate(args: argparse.Namespace) -> int:
-    from flowrl.backbones.module_names import lora_target_problems
+    from flowrl.backbones.lora.targets import lora_target_problems
     from flowrl.rewards.remote import server_problems
     from flowrl.trainer.trackers import tracker_problems
 

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from flowrl.conformance.common import finite, require
 from flowrl.interfaces import AdvantageEstimator
-from flowrl.trainer.distributed import global_view
+from flowrl.trainer.advantage import global_view
 from flowrl.types import Advantages, RewardBatch, Rollout, transition_advantages
 
 # Advantages are float32 of magnitude about 1 to 5 (the clip); a batch joined in another order sums its
@@ -26,7 +26,7 @@ def _rewards(names: Mapping[str, float], r: int, seed: int) -> RewardBatch:
 
 def _two_processes(rollout: Rollout) -> Rollout:
     """The global batch the trainer builds from two processes that hold the same rollout structure: ids made
-    unique across processes, extras joined by their own rules, no images (flowrl.trainer.distributed)."""
+    unique across processes, extras joined by their own rules, no images (flowrl.trainer.advantage)."""
 
     def both(value: Tensor) -> Tensor:
         return torch.cat([value, value])

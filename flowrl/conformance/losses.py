@@ -1,7 +1,7 @@
 """Conformance of training objectives: :class:`~flowrl.interfaces.PolicyLoss` (recorded transitions) and
 :class:`~flowrl.interfaces.ForwardProcessLoss` (re-noised final latents).
 
-The inputs are built as the trainer builds them (flowrl/trainer/update.py): the policy's velocity ``v`` is the
+The inputs are built as the trainer builds them (flowrl/trainer/micro_batches.py): the policy's velocity ``v`` is the
 only tensor with a gradient; the old log-densities, the old velocity, the reference and the advantages come
 without one. The trust-region centre is where the policy equals the rollout-time policy (ratio 1, ``v = v_old``)
 and the reference; it is where the first inner epoch of every update starts.

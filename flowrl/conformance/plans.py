@@ -64,8 +64,10 @@ def check_sampler(
 ) -> Rollout:
     """Rules: images ``(R, 3, H, W)`` in [0, 1] with one prompt index and one group per rollout; transitions
     that index existing inputs, rollouts and plan units, with finite old log-densities; ``rollout.nfe`` equal to
-    the transformer rows the backbone evaluated and to the backbone's own counter; the same
-    :class:`~flowrl.rng.RolloutRNG` gives the same images from a fresh instance. Returns the rollout."""
+    the transformer rows the backbone evaluated and to the backbone's own counter; as many rollouts as
+    :meth:`~flowrl.interfaces.RolloutSampler.rollout_count` declares (the memory pre-check sizes the iteration
+    with it); the same :class:`~flowrl.rng.RolloutRNG` gives the same images from a fresh instance. Returns the
+    rollout."""
     sampler = make()
     prompts = list(prompts)
     rows = range(len(prompts))
@@ -82,6 +84,8 @@ def check_sampler(
              "rollout_prompt and group need one entry per rollout")
     _require(set(rollout.rollout_prompt.tolist()) <= set(rows), sampler, "rollout_prompt indexes a missing prompt")
     _require(len(rollout.cond) == len(prompts), sampler, "cond needs one row per prompt")
+    declared = sampler.rollout_count(plan, len(prompts))
+    _require(declared == r, sampler, f"rollout_count() declares {declared} rollouts for this plan; rollout() gave {r}")
     t = rollout.transitions
     if len(t):
         _require(int(t.input_index.max()) < t.num_inputs and int(t.input_index.min()) >= 0, sampler,

@@ -1,22 +1,20 @@
 """The model being pre-trained: a pixel-space tiny FLUX over the world's vocabulary, behind the FLUX adapter.
 
 :func:`build_backbone` makes it from a :class:`~flowrl.pretrain.recipe.ModelConfig`; velocity and decoding
-go through :class:`~flowrl.backbones.flux.FluxAdapter`, the very calls sampling and RL make, so the
+go through :class:`~flowrl.backbones.flux.adapter.FluxAdapter`, the very calls sampling and RL make, so the
 convention cannot drift between pre-training and fine-tuning.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
-from flowrl.backbones.flux import FluxAdapter
-from flowrl.backbones.tiny import tiny_flux_pipeline
+from flowrl.backbones.flux.adapter import FluxAdapter
+from flowrl.backbones.flux.tiny import tiny_flux_pipeline
 from flowrl.pretrain.recipe import ModelConfig, PretrainRecipeError, resolve_folder
 from flowrl.world.grammar import vocabulary
 
@@ -48,22 +46,6 @@ def parameter_counts(backbone: FluxAdapter) -> dict[str, int]:
     return {name: sum(p.numel() for p in getattr(backbone.pipe, name).parameters()) for name in names}
 
 
-def forward_ms(backbone: FluxAdapter, batch: int = 32, repeats: int = 10) -> float:
-    """Median wall time (ms) of one transformer forward at ``batch`` rows (no gradients)."""
-    cond = backbone.encode(["a red circle"] * batch)
-    x = torch.randn(batch, *backbone.latent_shape)
-    s = torch.full((batch,), 0.5)
-    times = []
-    with torch.no_grad():
-        backbone.velocity(x, s, cond)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            backbone.velocity(x, s, cond)
-            times.append(time.perf_counter() - start)
-    backbone._cache.clear()
-    return 1000.0 * float(np.median(times))
-
-
 @contextlib.contextmanager
 def swapped_in(params: list[tuple[str, torch.nn.Parameter]], shadow: dict[str, torch.Tensor] | None) -> Iterator[None]:
     """Temporarily load EMA weights (``shadow``) into ``params``; a no-op without EMA."""
@@ -84,7 +66,7 @@ def swapped_in(params: list[tuple[str, torch.nn.Parameter]], shadow: dict[str, t
 
 def load_initial_weights(backbone: FluxAdapter, init: str) -> None:
     """Copy the transformer and text-encoder weights of the saved pipeline ``init`` into ``backbone``."""
-    from flowrl.backbones.tiny import load_tiny_flux
+    from flowrl.backbones.flux.tiny import load_tiny_flux
 
     folder = resolve_folder(init)
     saved = load_tiny_flux(folder)

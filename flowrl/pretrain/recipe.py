@@ -25,7 +25,7 @@ import attrs
 import torch
 from attrs.validators import ge, gt, in_, le, lt
 
-from flowrl.backbones.tiny_spec import TinyFluxSpec
+from flowrl.backbones.flux.tiny import TinyFluxSpec
 from flowrl.config import ConfigError, structure
 from flowrl.recipe import RecipeError, apply_override
 from flowrl.world.render import Lattice
@@ -35,7 +35,7 @@ positive: Any = gt(0)
 
 @attrs.frozen
 class ModelConfig:
-    """Sizes of the pixel-space tiny FLUX (the :class:`~flowrl.backbones.tiny.TinyFluxSpec` fields).
+    """Sizes of the pixel-space tiny FLUX (the :class:`~flowrl.backbones.flux.tiny.TinyFluxSpec` fields).
 
     The defaults here and in :class:`TrainConfig` are those of stage 1 of the shipped base model
     (``recipes/pretrain/world_clean.toml``).

@@ -1,7 +1,7 @@
 """Pre-training the embedded world's base model by flow matching on rendered train- and test-split images.
 
 The model is a pixel-space tiny ``FluxPipeline`` (no VAE; ``patch x patch`` pixel tokens) built by
-:func:`flowrl.backbones.tiny.tiny_flux_pipeline` over the world's :func:`~flowrl.world.vocabulary`. Each
+:func:`flowrl.backbones.flux.tiny.tiny_flux_pipeline` over the world's :func:`~flowrl.world.vocabulary`. Each
 step draws ``batch_size`` (image, prompt) pairs of the ``"train"`` and ``"test"`` splits (never a
 ``"novel"`` colour-shape pair), packs the pixels in [-1, 1] as ``x0`` (:meth:`FluxAdapter.encode_images`),
 draws noise ``eps`` and a noise level ``s`` in (0, 1), forms ``x_s = (1 - s) x0 + s eps`` and regresses
@@ -178,13 +178,14 @@ class Pretrainer:
         ``test/score``, ``test/strict``, ``test/strict/single`` (single objects), ``novel/score``, ..."""
         import flowrl
         from flowrl.evaluate import evaluate
+        from flowrl.rewards.built import BuiltReward
         from flowrl.types import Schedule
         from flowrl.world.components import WorldPrompts, WorldVerifier
 
         e = self.recipe.eval
         sigmas = self.backbone.schedule_sigmas(e.num_steps, e.shift)
         schedule = Schedule(sigmas, flowrl.build("kernel", {"type": "ode"}))
-        reward = [("world", 1.0, WorldVerifier(WorldVerifier.Config()))]
+        reward = [BuiltReward("world", 1.0, WorldVerifier(WorldVerifier.Config()))]
         pipe = self.backbone.pipe
         for module in (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2):
             module.eval()

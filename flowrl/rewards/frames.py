@@ -6,9 +6,7 @@ indices, or ``"all"``; :func:`flowrl.video.frame_indices`). Images ``(B, 3, H, W
 every caller that scores a rollout's or an evaluation's pictures goes through these two functions.
 
 Each call hands the reward its own copy of the pictures and prompts: a reward that changes its input in place
-(``images.mul_(0)``) changes nothing another reward, the logged samples or a later evaluation sees. A wrapper
-that hands the pictures on through these functions itself (``RewardModel.hands_on = True``: the overlapped
-rollout's precomputed scores, which recognise the rollout's own tensor) gets them as they are.
+(``images.mul_(0)``) changes nothing another reward, the logged samples or a later evaluation sees.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ def _frames(model: RewardModel, clips: Tensor, prompts: list[str]) -> tuple[Tens
 def score_pictures(model: RewardModel, images: Tensor, prompts: list[str]) -> Tensor:
     """``model.score`` of images, of whole clips for a video reward, else the mean over each clip's frames."""
     if not is_clip(images) or model.video:
-        return model.score(images if model.hands_on else images.clone(), list(prompts))
+        return model.score(images.clone(), list(prompts))
     frames, repeated, k = _frames(model, images, prompts)
     scores = model.score(frames, repeated)
     if not isinstance(scores, Tensor) or scores.shape != (frames.shape[0],):

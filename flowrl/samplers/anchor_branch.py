@@ -23,6 +23,7 @@ from flowrl.extras import PerRollout
 from flowrl.interfaces import Backbone, RolloutSampler
 from flowrl.registry import register
 from flowrl.rng import RolloutRNG
+from flowrl.samplers.solvers import euler_step
 from flowrl.samplers.walk import ode_tails, solver_tail
 from flowrl.types import Conditioning, Plan, Rollout, Schedule, Transitions
 
@@ -46,6 +47,10 @@ class AnchorBranchSampler(RolloutSampler):
         # integrated by ``tail_solver``; coarse tails cut a unit's cost, the jump and its log-density are unchanged
         tail_solver: Literal["euler", "dpm_solver_2m"] = "euler"
         tail_steps: int = attrs.field(default=0, validator=ge(0))
+
+    def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+        """A group per (prompt, trained unit): ``G`` (or the plan's group size) jumps each."""
+        return sum(plan.sizes(num_prompts, self.config.group_size)) * len(plan.trained)
 
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
@@ -127,5 +132,5 @@ def anchor_trajectory(
         if step in starts:
             kept[step] = (x, v)
         if step < max(starts):
-            x = x + v * (sigmas[step + 1] - sigmas[step])
+            x = euler_step(x, v, sigmas[step], sigmas[step + 1])
     return kept

@@ -50,12 +50,19 @@ def data_prediction(x: Tensor, v: Tensor, s: Tensor | float) -> Tensor:
     return x - s * v
 
 
+def euler_step(x: Tensor, v: Tensor, s: Tensor, s_next: Tensor) -> Tensor:
+    """One Euler step of the probability-flow ODE, ``x' = x + v (s_next - s)``: ``x`` and ``v`` ``(B, *latent)``, the
+    noise levels ``s`` and ``s_next`` one per row ``(B,)`` or one for every row (0-d tensors). Every ODE step of
+    every sampler is this line, so a rollout's deterministic steps are the same arithmetic everywhere."""
+    return x + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
+
+
 def euler(velocity: Velocity, x: Tensor, sigmas: Tensor) -> Tensor:
     """Euler steps ``x' = x + v (s_next - s)`` over the grid (the arithmetic of :func:`flowrl.samplers.walk.walk`)."""
     x = x.float()
     for k in range(len(sigmas) - 1):
         v = velocity(x, sigmas[k])
-        x = x + v * (sigmas[k + 1] - sigmas[k])
+        x = euler_step(x, v, sigmas[k], sigmas[k + 1])
     return x
 
 

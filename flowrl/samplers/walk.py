@@ -7,9 +7,9 @@ from torch import Tensor
 
 from flowrl.interfaces import Backbone
 from flowrl.rng import RolloutRNG
-from flowrl.samplers.solvers import coarse_grid, solve
+from flowrl.samplers.solvers import coarse_grid, euler_step, solve
+from flowrl.samplers.untrained import untrained_forwards
 from flowrl.types import Conditioning, Plan, Schedule, Transitions
-from flowrl.update_modes import untrained_forwards
 
 
 class TrajectoryRecorder:
@@ -80,7 +80,7 @@ def walk(
         s, s_next = sigmas[step].expand(n), sigmas[end].expand(n)
         v = backbone.velocity(x, s, cond)
         if unit is None:
-            x = x.float() + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
+            x = euler_step(x.float(), v, s, s_next)
         else:
             if rng is None:
                 raise ValueError("a plan with SDE units needs a RolloutRNG")
@@ -106,9 +106,9 @@ def ode_tails(backbone: Backbone, x: Tensor, step: Tensor, cond: Conditioning, s
         active = (step < n).nonzero().flatten()
         k = step[active]
         s, s_next = sigmas[k], sigmas[k + 1]
-        with untrained_forwards():  # a tail is never a trained input (flowrl.update_modes)
+        with untrained_forwards():  # a tail is never a trained input (flowrl.samplers.untrained)
             v = backbone.velocity(x[active], s, cond.take(active))
-        x[active] = x[active] + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
+        x[active] = euler_step(x[active], v, s, s_next)
         step[active] = k + 1
     return x
 
@@ -124,7 +124,7 @@ def solver_tail(
     n = x.shape[0]
 
     def velocity(latents: Tensor, s: Tensor) -> Tensor:
-        with untrained_forwards():  # a tail is never a trained input (flowrl.update_modes)
+        with untrained_forwards():  # a tail is never a trained input (flowrl.samplers.untrained)
             return backbone.velocity(latents, s.expand(n), cond)
 
     return solve(solver, velocity, x, sigmas)

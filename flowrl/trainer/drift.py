@@ -12,7 +12,7 @@ rollout and no gradient:
   change of the predicted velocity, defined for every method (also where no transition is stochastic).
 
 The initial policy is LoRA switched off, or a frozen copy of the initial transformer with full fine-tuning
-(see ``flowrl.trainer.support.install_reference``).
+(see ``flowrl.trainer.reference.install_reference``).
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ prompts (deterministic ODE samples), and the row of sample images the run folder
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from flowrl.interfaces import PromptSource
+from flowrl.rewards.built import BuiltReward
 from flowrl.settings import TrainerConfig
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
@@ -23,7 +23,7 @@ class HeldOut:
     def __init__(
         self,
         prompts: PromptSource,
-        rewards: list[tuple[str, float, Any]],
+        rewards: list[BuiltReward],
         schedule: Schedule,
         cfg: TrainerConfig,
         policy: TrainedPolicy,

@@ -9,7 +9,18 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from flowrl.interfaces import ForwardProcessLoss, Loss
 from flowrl.trainer.ema import EMA
+
+
+def wants_lagged(loss: Loss) -> bool:
+    """Whether ``loss`` measures the policy against a lagged copy of itself (``ForwardProcessLoss.lagged_decay``)."""
+    return isinstance(loss, ForwardProcessLoss) and loss.lagged_decay(0) is not None
+
+
+def samples_from_lagged(loss: Loss) -> bool:
+    """Whether the rollouts are sampled by that copy (``ForwardProcessLoss.samples_from_lagged``)."""
+    return isinstance(loss, ForwardProcessLoss) and loss.samples_from_lagged()
 
 
 class LaggedPolicy(EMA):

@@ -1,6 +1,10 @@
-"""The shared training loop. One iteration, in phases:
+"""The shared training loop. One iteration, in phases, each with one owner:
 
-    prompts -> plan -> rollout -> rewards -> advantages -> policy update -> log / checkpoint
+    prompts -> plan -> rollout       flowrl.trainer.rollout (RolloutPhase)
+    rewards                          flowrl.trainer.rewards (score_rollout)
+    advantages                       flowrl.trainer.advantage (global_advantages)
+    policy update                    flowrl.trainer.update (PolicyUpdate)
+    log / evaluate / checkpoint      flowrl.trainer.logger, .heldout, .saving
 
 Every method is this loop with different parts; no method has a trainer of its own.
 """
@@ -18,29 +22,33 @@ from tqdm.auto import tqdm
 
 from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
-from flowrl.rng import RolloutRNG, generator
-from flowrl.selectors import observed_plan
+from flowrl.rng import generator
+from flowrl.trainer.advantage import global_advantages
 from flowrl.trainer.budget import Budget
 from flowrl.trainer.checkpoint import find_checkpoint, list_checkpoints
-from flowrl.trainer.distributed import global_advantages, reduce_metrics
+from flowrl.trainer.distributed import reduce_metrics
 from flowrl.trainer.drift import policy_drift
 from flowrl.trainer.errors import NothingTrainedError, RunInterrupted
 from flowrl.trainer.health import HealthAlerts
 from flowrl.trainer.heldout import HeldOut
+from flowrl.trainer.lagged import wants_lagged
 from flowrl.trainer.logger import RunLogger
-from flowrl.trainer.memory import check_rollout_fits
+from flowrl.trainer.memory import RolloutFits
 from flowrl.trainer.metrics import iteration_metrics
-from flowrl.trainer.optimize import PolicyUpdate
-from flowrl.trainer.overlap import overlapped
+from flowrl.trainer.overlap import OverlappedSampler, overlapped
 from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.reference import no_reference
+from flowrl.trainer.restart import RestartPoint
 from flowrl.trainer.resume import check_resume, record_resume
+from flowrl.trainer.retain import Retention
 from flowrl.trainer.rewards import reward_models, score_rollout
+from flowrl.trainer.rollout import RolloutPhase
 from flowrl.trainer.runfolder import already_a_run, lock_run_folder
 from flowrl.trainer.saving import RunCheckpoints, best_figure
 from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything
 from flowrl.trainer.trackers import check_trackers
-from flowrl.trainer.update import no_reference
+from flowrl.trainer.update import PolicyUpdate
 from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 
@@ -75,22 +83,37 @@ class Trainer:
         grid = recipe.schedule
         self.schedule = Schedule(sigmas=self.backbone.schedule_sigmas(grid.num_steps, grid.shift), kernel=kernel)
         pixels = int(getattr(self.backbone.config, "resolution", 0)) ** 2
-        check_rollout_fits(recipe.source, self.cfg.prompts_per_step, self.sampler.rollouts_per_prompt(),
-                           grid.num_steps, self.backbone.latent_shape, pixels, self.accelerator.device)
+        fits = RolloutFits(recipe.source, self.sampler, grid.num_steps, self.backbone.latent_shape, pixels,
+                           self.accelerator.device)
+        fits.check(self.cfg.prompts_per_step)  # the smallest plan now; the first iteration's plan before it runs
         eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, grid.shift)
         self.eval_schedule = Schedule(sigmas=eval_sigmas, kernel=kernel)  # ODE only: the kernel is unused
-        self.probes_reference = self.selector.needs_reference or self.sampler.needs_reference
-        needs = self.probes_reference or self.loss_fn.needs_reference
-        self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs)
+        probes_reference = self.selector.needs_reference or self.sampler.needs_reference
+        needs_reference = probes_reference or self.loss_fn.needs_reference
+        lagged = wants_lagged(self.loss_fn)
+        self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs_reference, lagged)
         self.named_params = self.policy.named_params
+        several = self.accelerator.num_processes > 1
+        self.retention = Retention(recipe, self.backbone, several)  # trainer.update: what the rollout keeps
+        self.rollouts = RolloutPhase(recipe, self.selector, self.sampler, self.loss_fn, self.policy, self.schedule,
+                                     self.retention, fits)
+        self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
         # Every part's state_dict is checkpointed (a stateful estimator or reward resumes like a selector).
-        parts: dict[str, Any] = {"selector": self.selector, "sampler": self.sampler, "kernel": kernel,
-                                 "advantage": self.estimator, "loss": self.loss_fn, "prompts": self.prompts}
-        parts.update({f"reward/{name}": model for name, _, model in self.rewards})
+        parts: dict[str, Any] = {
+            "selector": self.selector,
+            "sampler": self.sampler,
+            "kernel": kernel,
+            "advantage": self.estimator,
+            "loss": self.loss_fn,
+            "prompts": self.prompts,
+        }
+        parts.update({f"reward/{reward.name}": reward.model for reward in self.rewards})
         self.heldout = HeldOut(self.prompts, self.rewards, self.eval_schedule, self.cfg, self.policy)
         self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, parts, self.heldout.grid)
-        self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
-        self.step, self.nfe = 0, 0
+        # a part that fails before an iteration's update: that iteration's start is checkpointed
+        self.restart = RestartPoint(parts, self.checkpoints.save, self.accelerator.num_processes)
+        self.step = 0
+        self.nfe = 0
         self.rows = 0  # all transformer rows: rollouts' plus the update's twice (forward, backward): docs/concepts.md
         self.wall = 0.0
         self.budget = Budget(self.cfg, self.accelerator)
@@ -133,7 +156,8 @@ class Trainer:
                 self.keep_best(figures)  # the initial weights: checkpoints/best exists once an evaluation ran
             while not self.finished():
                 nfe = self.nfe
-                metrics = self.checkpoints.restart.run(self)  # self.iteration(); see flowrl.trainer.restart
+                with self.restart.guard(self.counters):
+                    metrics = self.iteration()
                 bar.update(self.nfe - nfe if by_nfe else 1)
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.4f}", nfe=self.nfe)
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
@@ -173,22 +197,15 @@ class Trainer:
     def iteration(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         forward0 = self.backbone.forward_s
-        step = self.step
-        # 1. prompts (this process's slice of the global batch) and plan; every transformer evaluation from
-        #    here to the end of the rollout counts towards the NFE (a selector's probes included)
-        seed, per, rank = self.recipe.seed, self.cfg.prompts_per_step, self.accelerator.process_index
-        everyone = self.prompts.sample(per * self.accelerator.num_processes, generator(seed, step, "prompts"))
+        # 1. prompts: this process's slice of the global batch
+        per, rank = self.cfg.prompts_per_step, self.accelerator.process_index
+        prompt_stream = generator(self.recipe.seed, self.step, "prompts")
+        everyone = self.prompts.sample(per * self.accelerator.num_processes, prompt_stream)
         prompts = everyone[rank * per : (rank + 1) * per]
-        self.backbone.module.eval()
+        # 2. plan and rollout with the current (old) policy; every transformer evaluation from here to the end
+        #    of the rollout counts towards the NFE (a selector's probes included)
         nfe0 = self.backbone.nfe
-        with torch.no_grad(), self.policy.inference(reference=self.probes_reference):
-            plan = observed_plan(self.selector, self.backbone, prompts, self.schedule, step,
-                                 generator(seed, step, "plan"), self.recipe.schedule.final_sde,
-                                 self.recipe.parts["selector"].type)
-            # 2. rollout with the current (old) policy, or the loss's lagged copy where it samples with it
-            rng = RolloutRNG(seed, step, range(rank * per, (rank + 1) * per))
-            with self.updater.recording(plan), self.updater.sampling():  # retain: trained inputs keep their graphs
-                rollout = self.sampler.rollout(self.backbone, prompts, plan, self.schedule, rng)
+        plan, rollout = self.rollouts(prompts, self.step, first_row=rank * per)
         nfe_iteration = self.backbone.nfe - nfe0
         t_rollout = time.perf_counter() - t0
         # 3. rewards and advantages
@@ -201,9 +218,10 @@ class Trainer:
         # 5. bookkeeping (evaluation time is not counted in wall_s)
         self.step += 1
         nfe_before = self.nfe
-        rows = nfe_iteration + self.updater.rows  # the update's rows: forward and backward (flowrl.trainer.optimize)
+        rows = nfe_iteration + self.updater.rows  # the update's rows: forward and backward (flowrl.trainer.update)
         counted = reduce_metrics(self.accelerator, {"nfe": nfe_iteration, "rows": rows}, summed=("nfe", "rows"))
-        self.nfe, self.rows = self.nfe + counted["nfe"], self.rows + counted["rows"]
+        self.nfe += counted["nfe"]
+        self.rows += counted["rows"]
         t_iter = time.perf_counter() - t0
         self.wall += t_iter
         self.budget.tick()
@@ -251,11 +269,13 @@ class Trainer:
         return self.heldout.evaluate(self.run_dir / "samples" / f"step_{self.step:06d}.png", self.step)
 
     def score(self, rollout: Rollout) -> RewardBatch:
-        return score_rollout(self.rewards, rollout)
+        """Every reward's scores of the rollout (those an overlapped rollout computed already are taken as they are)."""
+        precomputed = self.sampler.scores if isinstance(self.sampler, OverlappedSampler) else None
+        return score_rollout(self.rewards, rollout, precomputed)
 
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
-        """The policy update of this iteration (flowrl.trainer.optimize)."""
-        return self.updater(rollout, advantages, rewards, self.step)
+        """The policy update of this iteration (flowrl.trainer.update), through the graphs the rollout kept."""
+        return self.updater(rollout, advantages, rewards, self.step, self.retention.take())
 
     @property
     def skipped(self) -> int:
@@ -291,7 +311,8 @@ class Trainer:
     def _resume(self, folder: Path) -> None:
         c = self.checkpoints.resume(folder)
         self.step, self.nfe, self.wall, self.rows = c["step"], c["nfe"], c["wall_s"], c["rows"]
-        self.updater.skipped, self.best_value = c["skipped"], c["best_value"]
+        self.updater.skipped = c["skipped"]
+        self.best_value = c["best_value"]
 
 
 def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:

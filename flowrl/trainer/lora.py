@@ -20,8 +20,8 @@ def add_lora(transformer: nn.Module, config: LoraConfig, default_targets: tuple[
 
     from flowrl.interfaces import Backbone
 
-    if config.init:  # an existing LoRA: its own rank, alpha and layers, its weights (flowrl.backbones.lora_import)
-        from flowrl.backbones.lora_import import attach_lora_file
+    if config.init:  # an existing LoRA: its own rank, alpha and layers, its weights (flowrl.backbones.lora.load)
+        from flowrl.backbones.lora.load import attach_lora_file
 
         attach_lora_file(transformer, config.init, config.dropout)
         return
@@ -59,7 +59,7 @@ def own_lora(folder: Path, recipe_file: Path) -> list[str]:
         init = tomllib.loads(recipe_file.read_text(encoding="utf-8")).get("lora", {}).get("init", "")
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
         return []  # loading the recipe itself names what is wrong with it
-    from flowrl.backbones.lora_export import LORA_FOLDER
+    from flowrl.backbones.lora.export import LORA_FOLDER
 
     export = Path(folder) / LORA_FOLDER
     return [f"lora.init={json.dumps(str(export))}"] if init and export.is_dir() else []

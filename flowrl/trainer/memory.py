@@ -14,7 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+from flowrl.interfaces import RolloutSampler
 from flowrl.recipe import RecipeError
+from flowrl.types import Plan, Unit
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -36,15 +38,35 @@ def rollout_bytes(rollouts: int, num_steps: int, latent_shape: Sequence[int], im
     return 4 * rollouts * ((num_steps + 1) * math.prod(latent_shape) + 3 * image_pixels)
 
 
-def check_rollout_fits(source: str, prompts_per_step: int, group_size: int, num_steps: int,
-                       latent_shape: Sequence[int], image_pixels: int, device: torch.device) -> None:
-    """Raise a :class:`RecipeError` naming ``trainer.prompts_per_step`` and ``sampler.group_size`` when even the
-    lower bound exceeds the free memory (unknown free memory: no check)."""
-    free = available_bytes(device)
-    need = rollout_bytes(prompts_per_step * group_size, num_steps, latent_shape, image_pixels)
-    if free is None or need <= free:
-        return
-    problem = (f"{prompts_per_step} prompts x {group_size} rollouts (sampler.group_size) need at least"
-               f" {need / 2**30:.1f} GiB for their latents and images, and {device.type} has {free / 2**30:.1f} GiB"
-               " free: lower one of the two")
-    raise RecipeError(source, [("trainer.prompts_per_step", problem)])
+class RolloutFits:
+    """The pre-check, made twice: when the trainer is built, with the smallest plan a sampler can be given (one
+    trained unit: a lower bound for every sampler, before the first evaluation), and before the first rollout,
+    with that iteration's plan (a tree's or an anchor's groups depend on the plan's units)."""
+
+    SMALLEST = Plan(units=(Unit(0),), trained=(0,))
+
+    def __init__(self, source: str, sampler: RolloutSampler, num_steps: int, latent_shape: Sequence[int],
+                 image_pixels: int, device: torch.device) -> None:
+        self.source, self.sampler, self.num_steps = source, sampler, num_steps
+        self.latent_shape, self.image_pixels, self.device = tuple(latent_shape), image_pixels, device
+        self.planned = False  # checked with a real plan
+
+    def check(self, prompts: int, plan: Plan | None = None) -> None:
+        """Raise a :class:`RecipeError` when ``prompts`` prompts' rollouts under ``plan`` (None: the smallest)
+        cannot fit; with a plan, only the first time."""
+        if plan is not None:
+            if self.planned:
+                return
+            self.planned = True
+        rollouts = self.sampler.rollout_count(plan or self.SMALLEST, prompts)
+        free = available_bytes(self.device)
+        need = rollout_bytes(rollouts, self.num_steps, self.latent_shape, self.image_pixels)
+        if free is None or need <= free:
+            return
+        name = self.sampler.registered_name or type(self.sampler).__name__
+        groups = "sampler.group_size" if plan is None else f"'{name}' under the first iteration's plan"
+        each = rollouts // prompts if rollouts % prompts == 0 else round(rollouts / prompts, 2)
+        problem = (f"{prompts} prompts x {each} rollouts ({groups}) need at least"
+                   f" {need / 2**30:.1f} GiB for their latents and images, and {self.device.type} has"
+                   f" {free / 2**30:.1f} GiB free: lower one of the two")
+        raise RecipeError(self.source, [("trainer.prompts_per_step", problem)])

@@ -3,9 +3,9 @@
 A slow reward (a served model, a judge behind HTTP) otherwise leaves the transformer idle while it scores. With
 ``overlap_chunks = K`` the iteration's prompts are split into K chunks rolled out one after another by the
 recipe's own sampler; as soon as chunk k's images exist, a background thread scores them while chunk k+1 is
-generated. The rollout the loop sees is the chunks joined, and the loop's reward phase gets the scores already
-computed (the reward models are wrapped in :class:`PrecomputedReward`, which answers for exactly the joined
-images and scores anything else as before). Nothing in the interfaces changes.
+generated. The rollout the loop sees is the chunks joined, and the loop's reward phase asks the wrapper for the
+scores already computed (:meth:`OverlappedSampler.scores`, which answers for exactly the joined images and for
+nothing else). Nothing in the interfaces changes.
 
 Which samplers: those whose prompts are independent of each other (the ``independent`` sampler and samplers
 declaring ``chunkable = True``), with rollouts of images, no per-method ``extras`` and one group size for all
@@ -24,8 +24,9 @@ import attrs
 import torch
 from torch import Tensor
 
-from flowrl.interfaces import RewardModel, RolloutSampler
-from flowrl.rewards.frames import eval_pictures, score_pictures
+from flowrl.interfaces import RolloutSampler
+from flowrl.rewards.built import BuiltReward
+from flowrl.rewards.frames import score_pictures
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.independent import IndependentSampler
 from flowrl.types import Conditioning, Plan, Rollout, Schedule, Transitions
@@ -36,14 +37,12 @@ def chunkable(sampler: RolloutSampler) -> bool:
     return bool(getattr(sampler, "chunkable", type(sampler) is IndependentSampler))
 
 
-def overlapped(sampler: RolloutSampler, rewards: list[tuple[str, float, RewardModel]], chunks: int) -> RolloutSampler:
-    """``sampler`` itself when overlap is off or not possible; else the chunking wrapper, with the entries of
-    ``rewards`` (the trainer's list, changed in place) wrapped so the reward phase takes the precomputed scores."""
+def overlapped(sampler: RolloutSampler, rewards: list[BuiltReward], chunks: int) -> RolloutSampler:
+    """``sampler`` itself when overlap is off or not possible; else the chunking wrapper, which scores each
+    chunk with ``rewards`` (the reward phase then takes its :meth:`OverlappedSampler.scores`)."""
     if chunks <= 1 or not chunkable(sampler):
         return sampler
-    wrapper = OverlappedSampler(sampler, [(name, model) for name, _, model in rewards], chunks)
-    rewards[:] = [(name, weight, PrecomputedReward(model, name, wrapper)) for name, weight, model in rewards]
-    return wrapper
+    return OverlappedSampler(sampler, rewards, chunks)
 
 
 def join(parts: list[Rollout]) -> Rollout:
@@ -77,7 +76,7 @@ def join(parts: list[Rollout]) -> Rollout:
 class OverlappedSampler(RolloutSampler):
     """The recipe's sampler, called once per chunk of prompts; each chunk's images scored in a background thread."""
 
-    def __init__(self, inner: RolloutSampler, rewards: list[tuple[str, RewardModel]], chunks: int) -> None:
+    def __init__(self, inner: RolloutSampler, rewards: list[BuiltReward], chunks: int) -> None:
         super().__init__(inner.config)
         self.inner, self.rewards, self.chunks = inner, rewards, chunks
         self.registered_name, self.needs_reference = inner.registered_name, inner.needs_reference
@@ -85,8 +84,8 @@ class OverlappedSampler(RolloutSampler):
         self.pending: list[Future[dict[str, Tensor]]] = []  # per chunk: every reward's scores
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowrl-score")
 
-    def rollouts_per_prompt(self) -> int:
-        return self.inner.rollouts_per_prompt()
+    def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+        return self.inner.rollout_count(plan, num_prompts)
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
@@ -96,7 +95,7 @@ class OverlappedSampler(RolloutSampler):
 
     def _score(self, part: Rollout) -> dict[str, Tensor]:
         texts = part.rollout_texts()
-        return {name: score_pictures(model, part.images, texts) for name, model in self.rewards}
+        return {r.name: score_pictures(r.model, part.images, texts) for r in self.rewards}
 
     def rollout(self, backbone: Any, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
         self.wait()
@@ -132,35 +131,3 @@ class OverlappedSampler(RolloutSampler):
         for future in self.pending:
             future.exception()
         self.pending, self.images = [], None
-
-
-class PrecomputedReward(RewardModel):
-    """A reward model that answers the overlapped rollout's images from the background scores and scores
-    anything else (evaluation images, a different batch) itself; every other attribute is the model's."""
-
-    video = True  # gets the pictures as the loop has them (clips whole) and hands them on as the model wants
-    hands_on = True  # and the loop's own tensor, which it recognises; the model gets its copy from score_pictures
-
-    def __init__(self, model: RewardModel, name: str, sampler: OverlappedSampler) -> None:
-        super().__init__(model.config)
-        self.model, self.name, self.sampler = model, name, sampler
-        self.registered_name = model.registered_name
-
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.__dict__["model"], attribute)
-
-    def check(self) -> None:
-        self.model.check()
-
-    def score(self, images: Tensor, prompts: list[str]) -> Tensor:
-        found = self.sampler.scores(self.name, images)
-        return found if found is not None else score_pictures(self.model, images, prompts)
-
-    def eval_metrics(self, images: Tensor, prompts: list[str]) -> dict[str, float]:
-        return eval_pictures(self.model, images, prompts)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.model.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state)

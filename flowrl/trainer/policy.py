@@ -1,4 +1,5 @@
-"""The trained policy: the transformer the loop updates, with its optimizer, LR schedule, EMA and reference.
+"""The trained policy: the transformer the loop updates, with its optimizer, LR schedule, EMA, reference policy
+and, for losses that ask for one, a lagged copy of its weights.
 
 Built once per run from the recipe: LoRA adapters (``[lora]``) or full fine-tuning, gradient checkpointing,
 AdamW with a linear warm-up; then either accelerate's preparation (DDP when there are several processes) or
@@ -16,13 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from flowrl.backbones.lora_export import lora_state_dict
+from flowrl.backbones.lora.export import lora_state_dict
 from flowrl.interfaces import Backbone
 from flowrl.lr_schedule import lr_factor
 from flowrl.recipe import Recipe, RecipeError
 from flowrl.trainer.checkpoint import load_weights_into
 from flowrl.trainer.ema import EMA
+from flowrl.trainer.lagged import LaggedPolicy
 from flowrl.trainer.lora import add_lora
+from flowrl.trainer.reference import install_reference
 from flowrl.trainer.resume import apply_optim_settings
 from flowrl.trainer.sharding import (
     full,
@@ -33,13 +36,13 @@ from flowrl.trainer.sharding import (
     to_local_tree,
     whole,
 )
-from flowrl.trainer.support import install_reference
 
 
 class TrainedPolicy:
     """The transformer under training and everything that updates it."""
 
-    def __init__(self, backbone: Backbone, recipe: Recipe, accelerator: Any, reference_needed: bool) -> None:
+    def __init__(self, backbone: Backbone, recipe: Recipe, accelerator: Any, reference_needed: bool,
+                 lagged: bool = False) -> None:
         cfg, o = recipe.trainer, recipe.optim
         self.backbone, self.accelerator = backbone, accelerator
         self.sharded = cfg.sharding == "fsdp"
@@ -93,9 +96,13 @@ class TrainedPolicy:
             module, self.optimizer = accelerator.prepare(transformer, optimizer)
         backbone.use_module(module)
         self.ema = EMA(self.named_params, cfg.ema_decay) if cfg.ema_decay > 0 else None
-        self.lagged: EMA | None = None  # a lagged copy for the loss, set by the update when the loss asks
         if not self.sharded:
             self.reference = install_reference(backbone, self.lora, needed)
+        self.lagged: LaggedPolicy | None = None  # the lagged copy, for a loss that asks for one (wants_lagged)
+        if lagged:
+            if self.sharded:  # load_recipe refuses the combination (recipe.cross_checks)
+                raise ValueError("a lagged copy of the weights needs unsharded weights")
+            self.lagged = LaggedPolicy(self.named_params)
 
     @property
     def module(self) -> nn.Module:
@@ -108,6 +115,11 @@ class TrainedPolicy:
         if not self.sharded:
             return nullcontext()
         return whole([self.backbone.transformer, *([self.frozen] if reference and self.frozen is not None else [])])
+
+    def sampling(self, from_lagged: bool) -> AbstractContextManager[None]:
+        """The context of the rollout's sampling (no gradients): the lagged copy's weights where the loss samples
+        with them (``from_lagged``, :func:`flowrl.trainer.lagged.samples_from_lagged`), else the trained ones."""
+        return self.lagged.weights() if from_lagged and self.lagged is not None else nullcontext()
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -14,7 +14,8 @@ in the next collective, so there the error stops the run without this checkpoint
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +48,22 @@ class RestartPoint:
         for name, part in self.parts.items():
             part.load_state_dict(self.states[name])
 
-    def run(self, trainer: Any) -> dict[str, Any]:
-        """``trainer.iteration()``; when a part fails before the iteration's update (its step counter unchanged):
-        a reward server that stops answering, or a user-written reward or selector that raises, exits or returns
-        what it must not, rewind, write the checkpoint of the iteration's start and stop with the part's error
-        naming the checkpoint, so that ``--resume`` runs the iteration again once the server is back or the part
-        mended."""
+    @contextmanager
+    def guard(self, counters: Callable[[], dict[str, Any]]) -> Iterator[None]:
+        """Around one iteration (``counters``: the loop's progress, as a checkpoint keeps it). When a part fails
+        before the iteration's update (the step counter unchanged): a reward server that stops answering, or a
+        user-written reward or selector that raises, exits or returns what it must not, rewind, write the
+        checkpoint of the iteration's start and stop with the part's error naming the checkpoint, so that
+        ``--resume`` runs the iteration again once the server is back or the part mended."""
         self.mark()
-        step = trainer.step
+        step = counters()["step"]
         try:
-            return trainer.iteration()  # type: ignore[no-any-return]
+            yield
         except PartError as error:
-            if trainer.step != step or self.processes > 1:
+            if counters()["step"] != step or self.processes > 1:
                 raise
             self.rewind()
-            folder = self.save(trainer.counters())
+            folder = self.save(counters())
             then = "once the server answers" if server_down(error) else "once the part is mended"
             raise type(error)(f"{error}; checkpoint {folder} holds step {step}: {then}, continue with --resume") \
                 from (error.__cause__ or error)  # the part's own exception: its traceback is shown

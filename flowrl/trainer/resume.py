@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flowrl.backbones.lora_export import LORA_FOLDER
+from flowrl.backbones.lora.export import LORA_FOLDER
 from flowrl.recipe import Recipe, RecipeError, recipe_from_dict
 from flowrl.trainer.checkpoint import CheckpointError
 from flowrl.trainer.lora import own_lora

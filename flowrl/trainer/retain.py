@@ -4,7 +4,7 @@ among them instead of running the transformer again.
 
 No sampler takes part: while the rollout runs, :meth:`RetainedVelocities.recording` stands in for the
 backbone's ``velocity``. A call at a trained unit's noise level (outside the reference policy and outside
-:func:`flowrl.update_modes.untrained_forwards`) runs with gradients on a detached input and is kept; the
+:func:`flowrl.samplers.untrained.untrained_forwards`) runs with gradients on a detached input and is kept; the
 sampler gets the velocity detached, so nothing it computes carries a graph. At update time a trained input
 is matched to a kept row by its exact contents (latent, noise level and conditioning, compared bit for bit);
 an input that matches nothing is computed again, so a sampler the mechanism does not know costs time, never
@@ -19,18 +19,21 @@ recomputes, as ``recompute`` would.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from flowrl.interfaces import Backbone
-from flowrl.recipe import RecipeError
+from flowrl.recipe import Recipe, RecipeError
+from flowrl.samplers.untrained import forwards_untrained
 from flowrl.trainer.memory import available_bytes
 from flowrl.types import Conditioning, Plan, Schedule
-from flowrl.update_modes import forwards_untrained
+from flowrl.update_modes import resolve_update
 
 
 def fingerprints(t: Tensor) -> Tensor:
@@ -171,3 +174,44 @@ class RetainedVelocities:
                    "update/backward_rows": sum(int(self.kept[c][0].shape[0]) for c in calls)}
         self.kept, self.index = [], {}
         return figures
+
+
+class Retention:
+    """What ``trainer.update`` resolved to for this run (``retain`` or ``recompute``), and the graphs the last
+    rollout kept: the rollout phase opens :meth:`recording`, the update takes them with :meth:`take`."""
+
+    def __init__(self, recipe: Recipe, backbone: Backbone, several: bool) -> None:
+        self.recipe, self.backbone, self.several = recipe, backbone, several
+        self.mode = resolve_update(recipe)
+        if self.mode == "retain" and active_dropout(backbone.module):  # e.g. the backbone's own dropout
+            self.mode = "recompute"
+            if recipe.trainer.update == "retain":
+                why = "'retain' is not exact: the transformer has active dropout; use 'recompute' or 'auto'"
+                raise RecipeError(recipe.source, [("trainer.update", why)])
+        self.kept: RetainedVelocities | None = None
+
+    def recording(self, plan: Plan, schedule: Schedule) -> AbstractContextManager[None]:
+        """The context of the rollout: with ``retain``, the trained inputs' forwards keep their graphs."""
+        self.kept = None
+        if self.mode != "retain" or not plan.trained:
+            return nullcontext()
+        levels = RetainedVelocities.trained_levels(plan, schedule)
+        module = self.backbone.transformer if self.several else None  # the kept forwards skip DDP
+        strict = self.recipe.trainer.update == "retain"  # auto: graphs too large for memory fall back to recomputing
+        self.kept = RetainedVelocities(self.backbone, levels, module, self.recipe.source, strict)
+        return self.kept.recording()
+
+    def take(self) -> RetainedVelocities | None:
+        """The last rollout's kept graphs, handed over once (None: the update recomputes). Under ``auto``, graphs
+        that outgrew the memory are dropped and every later update recomputes; that is said once, here."""
+        kept, self.kept = self.kept, None
+        if kept is not None and kept.abandoned:
+            tqdm.write(f"trainer.update = auto: {kept.abandoned}", file=sys.stderr)
+            self.mode = "recompute"
+            return None
+        return kept
+
+
+def active_dropout(module: nn.Module) -> bool:
+    """Whether ``module`` holds a dropout layer with a non-zero rate (training mode then changes its output)."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules())

@@ -1,32 +1,43 @@
-"""The recipe's rewards: built and checked before the model loads, and applied to a rollout's images."""
+"""The reward phase: the recipe's rewards, built and checked before the model loads, and applied to a
+rollout's images."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from torch import Tensor
 
 from flowrl.errors import part_failure
-from flowrl.interfaces import RewardError, RewardModel
+from flowrl.interfaces import RewardError
 from flowrl.recipe import Recipe
+from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import score_pictures
 from flowrl.types import RewardBatch, Rollout
 
+Precomputed = Callable[[str, Tensor], "Tensor | None"]  # (reward name, images) -> scores already computed, or None
 
-def reward_models(recipe: Recipe) -> list[tuple[str, float, RewardModel]]:
+
+def reward_models(recipe: Recipe) -> list[BuiltReward]:
     """The recipe's reward models, built and checked (no backbone needed)."""
-    models = [(r.name, r.weight, r.build()) for r in recipe.rewards]
-    for _, _, model in models:
-        model.check()
+    models = [BuiltReward(r.name, r.weight, r.build()) for r in recipe.rewards]
+    for reward in models:
+        reward.model.check()
     return models
 
 
-def score_rollout(rewards: list[tuple[str, float, RewardModel]], rollout: Rollout) -> RewardBatch:
+def score_rollout(rewards: list[BuiltReward], rollout: Rollout, precomputed: Precomputed | None = None) -> RewardBatch:
     """Every reward's scores of the rollout's images; a reward that fails, or returns anything but a tensor of
-    one score per image, is a :class:`RewardError` naming it."""
+    one score per image, is a :class:`RewardError` naming it. ``precomputed`` answers for rewards scored while
+    the rollout ran (:mod:`flowrl.trainer.overlap`); its errors are the reward's."""
     images, texts = rollout.images, rollout.rollout_texts()
     scores = {}
-    for name, _, reward in rewards:
+    for built in rewards:
+        name, reward = built.name, built.model
         try:
-            raw = score_pictures(reward, images, texts)  # a clip: the mean over its frames (or the clip)
+            raw = precomputed(name, images) if precomputed is not None else None
+            if raw is None:
+                raw = score_pictures(reward, images, texts)  # a clip: the mean over its frames (or the clip)
         except (Exception, SystemExit) as error:  # sys.exit() in a reward is its failure, not the run's end
             raise RewardError(f"reward '{name}' ({type(reward).__name__}) failed: {part_failure(error)}") from error
         if not isinstance(raw, torch.Tensor):
@@ -42,4 +53,4 @@ def score_rollout(rewards: list[tuple[str, float, RewardModel]], rollout: Rollou
             raise RewardError(
                 f"reward '{name}' returned shape {tuple(scores[name].shape)}, expected ({rollout.num_rollouts},)"
             )
-    return RewardBatch(scores=scores, weights={name: w for name, w, _ in rewards})
+    return RewardBatch(scores=scores, weights={r.name: r.weight for r in rewards})

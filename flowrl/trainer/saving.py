@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowrl.backbones.lora_export import LORA_FOLDER, export_lora
+from flowrl.backbones.lora.export import LORA_FOLDER, export_lora
 from flowrl.interfaces import Component
 from flowrl.recipe import Recipe
 from flowrl.trainer.checkpoint import (
@@ -31,7 +31,6 @@ from flowrl.trainer.errors import BestMetricError, NonFiniteError
 from flowrl.trainer.heldout import Grid
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
-from flowrl.trainer.restart import RestartPoint
 from flowrl.trainer.runfolder import check_history
 from flowrl.trainer.sharding import merge_slices
 
@@ -65,7 +64,6 @@ class RunCheckpoints:
     ) -> None:
         self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, policy.accelerator
         self.components, self.grid = components, grid
-        self.restart = RestartPoint(components, self.save, self.accelerator.num_processes)  # a served reward down
         self.saved_step: int | None = None  # the step of the checkpoint written (or resumed from) last
 
     def save(self, counters: dict[str, Any]) -> Path | None:

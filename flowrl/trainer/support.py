@@ -1,22 +1,16 @@
-"""Small pieces the loop uses: signals, the reference policy, seeding, memory, plan diagnostics."""
+"""Small pieces the loop uses: signals, seeding, attention kernels, plan diagnostics."""
 
 from __future__ import annotations
 
-import copy
 import random
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 import torch
 
-from flowrl.interfaces import Backbone
-from flowrl.trainer.lora import adapters_disabled
-from flowrl.trainer.update import no_reference
 from flowrl.types import Plan
 
 
@@ -88,31 +82,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
-    ref = copy.deepcopy(module)
-    ref.requires_grad_(False).eval()
-    return ref
-
-
-def install_reference(
-    backbone: Backbone,
-    lora: bool,
-    needed: bool,
-    prepare: Callable[[torch.nn.Module], torch.nn.Module] = lambda module: module,
-) -> Callable[[], AbstractContextManager[None]]:
-    """The reference (base) policy as a context-manager factory, also installed as
-    ``backbone.reference_policy``: LoRA switched off, or a frozen copy of the initial transformer (passed
-    through ``prepare``, e.g. sharded) when some part needs a reference. With neither, a no-op factory (and
-    the backbone keeps raising when asked)."""
-    transformer = backbone.transformer
-    if lora:
-        factory: Callable[[], AbstractContextManager[None]] = lambda: adapters_disabled(transformer)  # noqa: E731
-    elif needed:
-        frozen = prepare(_frozen_copy(transformer))
-        factory = lambda: backbone.module_swapped(frozen)  # noqa: E731
-    else:
-        return no_reference
-    backbone.set_reference(factory)
-    return factory

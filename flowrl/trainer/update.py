@@ -1,183 +1,156 @@
-"""The policy-update phase: recompute log-densities of recorded transitions and step the optimizer."""
+"""The update phase of an iteration: inner epochs over the rollout, each one the micro-batches' losses
+(:mod:`flowrl.trainer.micro_batches`), backward, gradient clipping, the non-finite guard and the optimizer step
+(with the lagged copy's blend after it)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torch import Tensor
 
-from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss, TransitionKernel
-from flowrl.types import (
-    Conditioning,
-    ForwardProcessInputs,
-    LossInputs,
-    Rollout,
-    Schedule,
-    Transitions,
-    transition_advantages,
-)
+from flowrl.interfaces import ForwardProcessLoss, PolicyLoss
+from flowrl.recipe import Recipe
+from flowrl.rng import generator
+from flowrl.trainer.errors import NonFiniteError
+from flowrl.trainer.micro_batches import StatsMean, forward_process_losses, transition_losses
+from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.retain import RetainedVelocities
+from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 
-def input_chunks(transitions: Transitions, batch_inputs: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """Micro-batches of distinct inputs, each with the transitions that start from them.
+class PolicyUpdate:
+    """One policy update per iteration (``trainer.inner_epochs`` optimizer steps); counts the steps taken and
+    the iterations skipped because a reward, advantage, loss or gradient norm was NaN or inf.
 
-    Yields ``(input_ids, transition_ids)``; every transition appears in exactly one chunk.
+    Given the graphs the rollout kept (``trainer.update`` resolved to ``retain``, :mod:`flowrl.trainer.retain`),
+    it backpropagates through them once, with no forward of its own.
     """
-    order = torch.arange(transitions.num_inputs)
-    for start in range(0, transitions.num_inputs, batch_inputs):
-        ids = order[start : start + batch_inputs]
-        mask = (transitions.input_index >= ids[0]) & (transitions.input_index <= ids[-1])
-        yield ids, mask.nonzero().flatten()
 
+    def __init__(
+        self,
+        recipe: Recipe,
+        policy: TrainedPolicy,
+        loss_fn: Any,
+        schedule: Schedule,
+    ) -> None:
+        self.recipe, self.cfg, self.policy, self.loss_fn = recipe, recipe.trainer, policy, loss_fn
+        self.schedule, self.accelerator = schedule, policy.accelerator
+        self.bad_steps = 0  # non-finite iterations in a row
+        self.skipped = 0  # non-finite iterations in all (kept in checkpoints)
+        self.updates = 0  # optimizer steps taken since this process started the run (or resumed it)
+        self.old_means: dict[int, torch.Tensor] = {}
+        self.rows = 0  # transformer rows of the last update: each forward row twice (with its backward), each
+        # retained row once (its forward was the rollout's)
 
-def transition_losses(
-    backbone: Backbone,
-    kernel: TransitionKernel,
-    loss_fn: PolicyLoss,
-    schedule: Schedule,
-    cond: Conditioning,
-    transitions: Transitions,
-    advantages: Tensor,
-    batch_inputs: int,
-    reference: Callable[[], AbstractContextManager[None]] | None = None,
-    node_advantages: Tensor | None = None,
-    velocity: Callable[[Tensor, Tensor, Conditioning], Tensor] | None = None,
-    old_means: dict[int, Tensor] | None = None,
-) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
-    """For each micro-batch: (loss, share of all transitions, stats). The caller backpropagates.
+    def __call__(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch, step: int,
+                 retained: RetainedVelocities | None = None) -> dict[str, float]:
+        """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped.
+        ``retained``: the rollout's kept graphs (:class:`flowrl.trainer.retain.Retention`), else recompute."""
+        try:
+            return self._update(rollout, advantages, rewards, step, retained)
+        finally:
+            self.old_means = {}  # the kept means go with it (the kept graphs with the caller's reference)
 
-    One transformer forward per distinct input serves every transition that starts from it.
-    ``reference`` is a context manager factory under which the backbone is the reference policy.
-    ``advantages`` has one value per rollout; ``node_advantages`` (tree estimators) one per tree node, used
-    for transitions that carry a ``node_index`` (:func:`flowrl.types.transition_advantages`).
-    ``velocity`` (default: the backbone's) gives the policy's velocity with gradients: the recompute-free
-    update passes the rollout's retained ones (:mod:`flowrl.trainer.retain`).
-    ``old_means`` (for losses that declare ``needs_old_mean``): micro-batch index -> the transitions' means
-    detached; empty at the first inner epoch (before any optimizer step: the rollout-time policy's), filled
-    then and read by the later epochs.
-    """
-    velocity = velocity or backbone.velocity
-    total = len(transitions)
-    per_transition = transition_advantages(transitions, advantages, node_advantages)
-    device = transitions.inputs.device
-    for chunk, (input_ids, t_ids) in enumerate(input_chunks(transitions, batch_inputs)):
-        if len(t_ids) == 0:
-            continue
-        x = transitions.inputs[input_ids]
-        s = transitions.input_s[input_ids]
-        c = cond.take(transitions.input_cond[input_ids])
-        v = velocity(x, s, c)
-        local = transitions.input_index[t_ids] - input_ids[0]
-        s_next = transitions.s_next[t_ids]
-        mean, std = kernel.mean_std(x[local].float(), v[local], s[local], s_next, schedule.s_at_one)
-        ref_mean = None
-        if loss_fn.needs_reference and reference is not None:
-            with torch.no_grad(), reference():
-                v_ref = backbone.velocity(x, s, c)
-            ref_mean = kernel.mean_std(x[local].float(), v_ref[local], s[local], s_next, schedule.s_at_one)[0]
-        old_mean = None
-        if loss_fn.needs_old_mean:
-            cache = {} if old_means is None else old_means
-            old_mean = cache.setdefault(chunk, mean.detach().clone())
-        batch = LossInputs(
-            log_prob=kernel.log_prob(transitions.x_next[t_ids], mean, std),
-            old_log_prob=transitions.log_prob[t_ids].to(device),
-            advantages=per_transition[t_ids].to(device),
-            weight=transitions.weight[t_ids].to(device),
-            mean=mean,
-            std=std,
-            ref_mean=ref_mean,
-            dt=s_next - s[local],
-            old_mean=old_mean,
+    def _update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch, step: int,
+                retained: RetainedVelocities | None) -> dict[str, float]:
+        result: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
+        self.rows = 0
+        if isinstance(self.loss_fn, PolicyLoss) and len(rollout.transitions) == 0:
+            return result
+        self.policy.module.train()
+        backbone, backward_s = self.policy.backbone, 0.0
+        self.old_means = {}  # the first epoch's transition means (losses that need the old mean), kept for the rest
+        for _ in range(self.cfg.inner_epochs):
+            self.policy.zero_grad()
+            stats = StatsMean()
+            total_loss, pending = torch.zeros(()), None
+            nfe0 = backbone.nfe
+            for loss, share, batch_stats in self.micro_batches(rollout, advantages, step, retained):
+                if retained is not None:  # kept graphs may serve several micro-batches: one backward
+                    pending = loss * share if pending is None else pending + loss * share
+                else:
+                    start = time.perf_counter()
+                    self.accelerator.backward(loss * share)
+                    backward_s += time.perf_counter() - start
+                total_loss = total_loss + loss.detach().cpu() * share
+                stats.add(batch_stats, share)
+            self.rows += 2 * (backbone.nfe - nfe0)
+            if pending is not None and retained is not None:
+                start = time.perf_counter()
+                self.accelerator.backward(pending)
+                self.average_gradients()
+                backward_s += time.perf_counter() - start
+                figures = retained.release()
+                self.rows += figures["update/backward_rows"]
+                result.update(figures)
+            grad_norm = self.policy.clip_grad_norm(self.recipe.optim.max_grad_norm)
+            finite = all(
+                math.isfinite(float(x)) for x in (total_loss, grad_norm, rewards.total.sum(), advantages.values.sum())
+            )
+            if not finite:
+                self._bad_step()
+                self.policy.zero_grad()
+                result = {"loss": float("nan"), "clip_frac": float("nan"), "grad_norm": float(grad_norm)}
+                break
+            self.bad_steps = 0
+            self.policy.step()
+            self.updates += 1
+            if (lagged := self.policy.lagged) is not None:
+                decay = self._lagged_decay()
+                lagged.blend(decay)
+                result.update({"lagged/decay": decay, "lagged/distance": lagged.distance()})
+            result.update({"loss": float(total_loss), "grad_norm": float(grad_norm), **stats.result()})
+            result.setdefault("clip_frac", 0.0)
+            result["time/backward_s"] = backward_s
+        return result
+
+    def micro_batches(
+        self, rollout: Rollout, advantages: Advantages, step: int, retained: RetainedVelocities | None = None
+    ) -> Iterator[tuple[torch.Tensor, float, dict]]:
+        """(loss, share, stats) per micro-batch: recorded transitions, or re-noised rollouts (forward process)."""
+        backbone, batch, reference = self.policy.backbone, self.cfg.train_batch_size, self.policy.reference
+        if isinstance(self.loss_fn, ForwardProcessLoss):
+            nft = generator(self.recipe.seed, step, "forward_process", self.accelerator.process_index)
+            values = advantages.values
+            lagged = self.policy.lagged.weights if self.policy.lagged is not None else None
+            return forward_process_losses(backbone, self.loss_fn, rollout, values, batch, nft, reference, lagged)
+        kernel, cond, transitions = self.schedule.kernel, rollout.cond, rollout.transitions
+        return transition_losses(
+            backbone, kernel, self.loss_fn, self.schedule, cond, transitions, advantages.values, batch, reference,
+            node_advantages=advantages.nodes, velocity=retained.velocity if retained is not None else None,
+            old_means=self.old_means,
         )
-        loss, stats = loss_fn(batch)
-        yield loss, len(t_ids) / total, stats
 
+    def _lagged_decay(self) -> float:
+        assert isinstance(self.loss_fn, ForwardProcessLoss)
+        decay = self.loss_fn.lagged_decay(self.policy.lr_schedule.last_epoch)
+        if decay is None:
+            raise ValueError(f"{type(self.loss_fn).__name__}.lagged_decay gave None after a number at step 0")
+        return float(decay)
 
-def prompt_chunks(prompt: Tensor, batch_rollouts: int) -> Iterator[Tensor]:
-    """Row ranges of at most ``batch_rollouts`` rows that never split a run of equal ``prompt`` values (a run
-    longer than ``batch_rollouts`` is a chunk of its own); together they cover every row once, in order."""
-    total = int(prompt.shape[0])
-    changes = (torch.nonzero(prompt[1:] != prompt[:-1]).flatten() + 1).tolist()
-    starts = [0, *changes, total]
-    begin = 0
-    for a, b in zip(starts[:-1], starts[1:], strict=True):
-        if b - begin > batch_rollouts and a > begin:
-            yield torch.arange(begin, a)
-            begin = a
-    if begin < total:
-        yield torch.arange(begin, total)
+    def average_gradients(self) -> None:
+        """Average the gradients over the processes: the retained forwards ran outside DDP, which would do it."""
+        world = self.accelerator.num_processes
+        if world == 1:
+            return
+        params = [p for _, p in self.policy.named_params]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        torch.distributed.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for p in params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
 
+    def _bad_step(self) -> None:
+        self.bad_steps += 1
+        self.skipped += 1
+        if self.bad_steps >= self.cfg.max_bad_steps:
+            raise NonFiniteError(
+                f"{self.bad_steps} iterations in a row had NaN or inf in rewards, advantages, loss or gradient norm;"
+                f" stopping (trainer.max_bad_steps = {self.cfg.max_bad_steps})"
+            )
 
-def forward_process_losses(
-    backbone: Backbone,
-    loss_fn: ForwardProcessLoss,
-    rollout: Rollout,
-    advantages: Tensor,
-    batch_rollouts: int,
-    generator: torch.Generator,
-    reference: Callable[[], AbstractContextManager[None]] | None = None,
-    lagged: Callable[[], AbstractContextManager[None]] | None = None,
-) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
-    """For forward-process losses: re-noise each rollout's clean latent and yield (loss, share, stats).
-
-    Micro-batches keep each prompt's rollouts together (:func:`prompt_chunks`), so a loss may centre within a
-    prompt. ``v_old`` is the policy's velocity before this update (one inner epoch: the same forward,
-    detached), or, with ``lagged`` (a context under which the transformer holds the lagged copy), the copy's.
-    With ``loss_fn.levels() = k > 1`` each rollout is re-noised at ``k`` times (its row repeated), all in one update.
-    """
-    if rollout.final_latents is None:
-        raise ValueError(f"{type(loss_fn).__name__} needs Rollout.final_latents; the sampler did not record them")
-    levels = int(loss_fn.levels())
-    if levels < 1:
-        raise ValueError(f"{type(loss_fn).__name__}.levels() must be at least 1, got {levels}")
-    rollout_of = torch.arange(rollout.final_latents.shape[0]).repeat_interleave(levels)  # identity for one level
-    x0_all = rollout.final_latents.float()[rollout_of]
-    prompt_all, advantages = rollout.rollout_prompt[rollout_of], advantages[rollout_of.to(advantages.device)]
-    total = x0_all.shape[0]
-    t_all = loss_fn.sample_times(total, generator)
-    eps_all = torch.randn(x0_all.shape, generator=generator)
-    for rows in prompt_chunks(prompt_all, batch_rollouts):
-        x0 = x0_all[rows]
-        t = t_all[rows].to(x0.device)
-        shape = (-1, *([1] * (x0.dim() - 1)))
-        x_t = (1 - t.reshape(shape)) * x0 + t.reshape(shape) * eps_all[rows].to(x0.device)
-        cond = rollout.cond.take(prompt_all[rows])
-        v_lagged = None
-        if lagged is not None:  # before the forward with gradients: the swap writes the weights in place
-            with torch.no_grad(), lagged():
-                v_lagged = backbone.velocity(x_t, t, cond)
-        v = backbone.velocity(x_t, t, cond)
-        v_ref = None
-        if loss_fn.needs_reference and reference is not None:
-            with torch.no_grad(), reference():
-                v_ref = backbone.velocity(x_t, t, cond)
-        batch = ForwardProcessInputs(
-            x0=x0, x_t=x_t, t=t, v=v, v_old=v.detach() if v_lagged is None else v_lagged,
-            advantages=advantages[rows].to(x0.device), v_ref=v_ref, group=prompt_all[rows].to(x0.device),
-        )
-        loss, stats = loss_fn.forward_process(batch)
-        yield loss, len(rows) / total, stats
-
-
-class StatsMean:
-    """Share-weighted means of per-micro-batch statistics."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = defaultdict(float)
-        self.weight = 0.0
-
-    def add(self, stats: dict[str, float], share: float) -> None:
-        for key, value in stats.items():
-            self.sums[key] += float(value) * share
-        self.weight += share
-
-    def result(self) -> dict[str, float]:
-        return {k: v / self.weight for k, v in self.sums.items()} if self.weight else {}
-
-
-def no_reference() -> AbstractContextManager[None]:
-    return nullcontext()

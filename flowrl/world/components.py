@@ -12,7 +12,7 @@ import torch
 from attrs.validators import gt, in_
 from torch import Tensor
 
-from flowrl.backbones.flux import DTYPES, FluxFromPretrained
+from flowrl.backbones.flux.adapter import DTYPES, FluxFromPretrained
 from flowrl.interfaces import PromptSource, RewardModel
 from flowrl.registry import register
 from flowrl.world.grammar import KINDS, SPLITS, Scene, balanced_scenes, enumerate_scenes, parse
@@ -106,8 +106,8 @@ class WorldTiny(FluxFromPretrained):
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
-        """The shipped (or given) model's transformer without weights (flowrl.backbones.module_names)."""
-        from flowrl.backbones.module_names import saved_transformer
+        """The shipped (or given) model's transformer without weights (flowrl.backbones.lora.targets)."""
+        from flowrl.backbones.lora.targets import saved_transformer
 
         return saved_transformer(config.path or str(BASE_MODEL))
 

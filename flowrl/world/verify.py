@@ -85,11 +85,6 @@ def _as_rgb255(image: Any) -> np.ndarray:
     return np.clip(arr.astype(np.float32), 0.0, 1.0) * 255.0
 
 
-def colour_map(image: Any) -> np.ndarray:
-    """Per-pixel colour index into :data:`COLOUR_NAMES` (int8), ``-1`` for background."""
-    return _analyse(_as_rgb255(image)[None])[0][0]
-
-
 def _member(chroma: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Colour maps ``(B, H, W)`` and coverage ``(B, C, H, W)`` of a batch of pixels' ``chroma`` ``(B, H, W, 3)``
     over each image's background chroma ``base`` ``(B, 3)``."""

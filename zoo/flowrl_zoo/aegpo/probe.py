@@ -16,7 +16,8 @@ from torch import Tensor
 
 from flowrl import Backbone, Conditioning, Schedule, UserError
 from flowrl.interfaces import AttentionEntropyProbe
-from flowrl.update_modes import untrained_forwards
+from flowrl.samplers.solvers import euler_step
+from flowrl.samplers.untrained import untrained_forwards
 
 
 def velocity_and_entropy(
@@ -68,6 +69,6 @@ def entropy_curves(
                 v, found[step] = velocity_and_entropy(backbone, x, s, cond, options)
             else:
                 v = backbone.velocity(x, s, cond)
-            x = x + v.float() * (sigmas[step + 1] - sigmas[step])
+            x = euler_step(x, v.float(), sigmas[step], sigmas[step + 1])
     columns = [found[k].float().cpu() for k in wanted]
     return torch.stack(columns, dim=1)[:, [wanted.index(int(k)) for k in steps]]

@@ -9,7 +9,7 @@ import attrs
 from attrs.validators import ge, gt, in_, optional
 
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, build, register, registry
-from flowrl.backbones.attention_options import AttentionEntropyOptions
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.contracts import Need, provided, required
 from flowrl.interfaces import AttentionEntropyProbe
@@ -127,6 +127,10 @@ class EntropyAllocation(RolloutSampler):
         self.host: RolloutSampler = build("sampler", config.host)
         self.base: dict[str, list[float]] = {}  # H_base per prompt text, at the probe steps
         self.signature = ""  # what the cached values measured; a change empties the cache
+
+    def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+        """The host's count: the allocation moves rollouts between prompts, its sizes sum to ``G`` x prompts."""
+        return self.host.rollout_count(attrs.evolve(plan, group_sizes=None), num_prompts)
 
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG

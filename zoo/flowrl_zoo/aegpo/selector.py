@@ -9,7 +9,7 @@ import torch
 from attrs.validators import ge, in_
 
 from flowrl import Backbone, Plan, Schedule, TimestepSelector, Unit, register
-from flowrl.backbones.attention_options import AttentionEntropyOptions
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.entropy import jump_std, merged_entropy
 from flowrl.interfaces import AttentionEntropyProbe
 from flowrl.selectors import merged_if
@@ -145,8 +145,3 @@ class AttentionEntropyTopK(TimestepSelector):
         self.calls = int(state.get("calls", 0))
         curve = state.get("curve")
         self.curve = [float(v) for v in curve] if curve is not None else None
-
-
-def curve_peaks(curve: list[float]) -> list[int]:
-    """Steps that are local maxima of a curve (for plots and tests)."""
-    return ranked_steps(curve, list(range(len(curve))), "peaks", fill=False) if curve else []

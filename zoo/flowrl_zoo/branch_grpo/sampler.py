@@ -16,6 +16,7 @@ from attrs.validators import ge, gt
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, Transitions, register
 from flowrl.contracts import needs, refuses
 from flowrl.rng import RolloutRNG
+from flowrl.samplers.solvers import euler_step
 from flowrl.samplers.walk import empty_transitions
 from flowrl_zoo.branch_grpo.tree import TREE, Tree
 
@@ -79,6 +80,10 @@ class BranchTreeSampler(RolloutSampler):
         """Rollouts per prompt for a plan: ``factor`` to the number of splits."""
         return int(self.config.factor ** len(plan.units))
 
+    def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+        """The leaves of every prompt's tree."""
+        return num_prompts * self.leaves_per_prompt(plan)
+
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
     ) -> Rollout:
@@ -109,7 +114,7 @@ class BranchTreeSampler(RolloutSampler):
             s, s_next = sigmas[step].expand(n), sigmas[end].expand(n)
             v = backbone.velocity(x, s, cond.take(row_prompt))
             if unit is None:
-                x = x.float() + v * (s_next - s).reshape(-1, *([1] * (x.dim() - 1)))
+                x = euler_step(x.float(), v, s, s_next)
                 step = end
                 continue
             src = torch.arange(n).repeat_interleave(c.factor)

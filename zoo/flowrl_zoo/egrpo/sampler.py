@@ -12,8 +12,8 @@ from flowrl.extras import PerRollout, RolloutIds
 from flowrl.rng import RolloutRNG
 from flowrl.samplers.anchor_branch import AnchorBranchSampler
 from flowrl.samplers.solvers import euler
+from flowrl.samplers.untrained import untrained_forwards
 from flowrl.types import Conditioning
-from flowrl.update_modes import untrained_forwards
 from flowrl_zoo.egrpo.advantage import BRANCH, GRANULARITY
 
 
@@ -82,6 +82,10 @@ class GranularAnchorBranch(AnchorBranchSampler):
             return [("granularities", "the granularities set the tails' grids (Euler, a stride each); leave"
                                       " tail_steps = 0 and tail_solver = 'euler'")]
         return []
+
+    def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+        """Every jump's image once per granularity."""
+        return len(self.config.granularities) * super().rollout_count(plan, num_prompts)
 
     def rollout(
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG

@@ -26,7 +26,7 @@ Qwen-Image's own conventions, as ``QwenImagePipeline.__call__`` (diffusers 0.42)
 - The velocity follows flowrl's sign, ``v ~ eps - x0``: the transformer's output is used as it is (the
   pipeline's Euler step ``x + (sigma_next - sigma) v`` is flowrl's ODE step).
 
-Precision as for FLUX (:mod:`flowrl.backbones.flux`): transformer weights stored in ``dtype``, forwards
+Precision as for FLUX (:mod:`flowrl.backbones.flux.adapter`): transformer weights stored in ``dtype``, forwards
 under autocast, velocities (and the guidance arithmetic) in fp32.
 """
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -44,12 +43,11 @@ from typing import Any, Literal
 import attrs
 import torch
 from attrs.validators import ge, gt, in_
-from torch import Tensor, nn
+from torch import Tensor
 
-from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
-from flowrl.backbones.prompt_cache import cached_encodings
-from flowrl.backbones.vocabulary import UnknownWords
-from flowrl.interfaces import Backbone
+from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.probe import EntropyRecorder
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
@@ -87,7 +85,7 @@ def dynamic_shift_sigmas(scheduler_config: Any, num_steps: int, image_tokens: in
     return tuple(float(s) for s in scheduler.sigmas)
 
 
-class QwenImageAdapter(Backbone):
+class QwenImageAdapter(PipelineAdapter):
     """Shared Qwen-Image plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`).
 
     The config must provide ``resolution``, ``true_cfg_scale``, ``negative_prompt``, ``max_sequence_length``,
@@ -98,22 +96,10 @@ class QwenImageAdapter(Backbone):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.dtype = DTYPES[config.dtype]
-        self.pipe = prepare_pipeline(self.load_pipeline, ("text_encoder", "vae"), self.dtype)
-        self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
-        self.device = torch.device("cpu")
-        self.nfe = 0
-        self.forward_s = 0.0
-        self._cache: dict[str, Tensor] = {}  # prompt -> its text states (length, width), fp32
-        self._negative: Tensor | None = None
-        self._unknown = UnknownWords(self.pipe.tokenizer)
         factor = self.pipe.vae_scale_factor * 2
         if config.resolution % factor:
             raise ValueError(f"resolution {config.resolution} must be a multiple of {factor} for this Qwen-Image model")
         warn_if_template_drop_is_off(self.pipe)
-
-    def load_pipeline(self) -> Any:
-        raise NotImplementedError
 
     # -- geometry --------------------------------------------------------------------------------
     def latent_grid(self) -> int:
@@ -142,18 +128,7 @@ class QwenImageAdapter(Backbone):
         return dynamic_shift_sigmas(self.pipe.scheduler.config, num_steps, self.latent_shape[0])
 
     # -- Backbone interface --------------------------------------------------------------------------
-    @property
-    def transformer(self) -> nn.Module:
-        return self.pipe.transformer  # type: ignore[no-any-return]
-
-    def to(self, device: torch.device) -> QwenImageAdapter:
-        self.device = torch.device(device)
-        self.pipe.to(self.device)
-        self._cache.clear()
-        self._negative = None
-        return self
-
-    def _encode(self, prompts: list[str]) -> list[Tensor]:
+    def encode_rows(self, prompts: list[str]) -> list[Tensor]:
         """Each prompt's text states at its own length (template dropped, truncated), fp32."""
         with torch.no_grad():
             embeds, mask = self.pipe.encode_prompt(
@@ -165,7 +140,7 @@ class QwenImageAdapter(Backbone):
     def encode(self, prompts: list[str]) -> Conditioning:
         """``embeds`` ``(B, max_sequence_length, width)`` zero-padded and ``mask`` ``(B, max_sequence_length)``
         (1 on a prompt's tokens), each prompt encoded once."""
-        rows = cached_encodings(self._cache, self._unknown, prompts, self._encode)
+        rows = self.cached_rows(prompts)
         size, width = int(self.config.max_sequence_length), rows[0].shape[1]
         embeds = torch.zeros(len(rows), size, width, device=rows[0].device)
         mask = torch.zeros(len(rows), size, dtype=torch.long, device=rows[0].device)
@@ -173,12 +148,6 @@ class QwenImageAdapter(Backbone):
             embeds[i, : row.shape[0]] = row
             mask[i, : row.shape[0]] = 1
         return Conditioning({"embeds": embeds, "mask": mask})
-
-    def negative(self) -> Tensor:
-        """The negative prompt's text states ``(length, width)``, encoded once."""
-        if self._negative is None:
-            self._negative = self._encode([self.config.negative_prompt])[0]
-        return self._negative
 
     @staticmethod
     def trimmed(cond: Conditioning) -> tuple[Tensor, Tensor | None]:
@@ -189,18 +158,13 @@ class QwenImageAdapter(Backbone):
         return cond.tensors["embeds"][:, :longest], (None if bool(mask.all()) else mask)
 
     def _forward(self, x: Tensor, t: Tensor, embeds: Tensor, mask: Tensor | None) -> Tensor:
-        start = time.perf_counter()
-        with autocast(self.device, self.dtype):
-            out = self.module(
-                hidden_states=x.to(self.dtype),
-                timestep=t,
-                encoder_hidden_states=embeds.to(self.dtype),
-                encoder_hidden_states_mask=mask,
-                img_shapes=[self.img_shape] * int(x.shape[0]),
-                return_dict=False,
-            )[0]
-        self.forward_s += time.perf_counter() - start
-        return out.float()  # type: ignore[no-any-return]
+        return self.forward(
+            hidden_states=x.to(self.dtype),
+            timestep=t,
+            encoder_hidden_states=embeds.to(self.dtype),
+            encoder_hidden_states_mask=mask,
+            img_shapes=[self.img_shape] * int(x.shape[0]),
+        )
 
     def model_time(self, s: Tensor) -> Tensor:
         """The transformer's ``timestep``: the scheduler's ``sigma * 1000`` divided by 1000, as the pipeline
@@ -225,7 +189,7 @@ class QwenImageAdapter(Backbone):
             self.nfe += n
             return v_cond
         self.nfe += 2 * n  # two transformer rows per latent
-        negative = self.negative()
+        negative = self.unconditional()  # the negative prompt's text states (length, width)
         with torch.no_grad():  # the negative branch is frozen
             v_neg = self._forward(x, t, negative.unsqueeze(0).expand(n, *negative.shape), None)
         comb = v_neg + float(self.config.true_cfg_scale) * (v_cond - v_neg)
@@ -237,9 +201,13 @@ class QwenImageAdapter(Backbone):
 
     def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
         """The guided velocity and the conditional forward's attention entropy (counted like velocity)."""
-        from flowrl.backbones.qwen_image_attention import velocity_and_entropy
+        from flowrl.backbones.qwen_image.probe import entropy_probe
 
-        return velocity_and_entropy(self, x, s, cond, options)
+        options = options or AttentionEntropyOptions()
+        recorder = EntropyRecorder()
+        with torch.no_grad():
+            v = self.guided_velocity(x, s, cond, lambda: entropy_probe(self.module, options, recorder))
+        return v, recorder.entropy()
 
     def decode(self, x: Tensor) -> Tensor:
         vae = self.pipe.vae
@@ -250,14 +218,13 @@ class QwenImageAdapter(Backbone):
             mean = torch.tensor(vae.config.latents_mean, device=latents.device).view(shape)
             std = torch.tensor(vae.config.latents_std, device=latents.device).view(shape)
             latents = latents * std + mean
-            image = vae.decode(latents.to(vae.dtype), return_dict=False)[0][:, :, 0].float()
-        return ((image + 1) / 2).clamp(0, 1)
+            return unit_images(vae.decode(latents.to(vae.dtype), return_dict=False)[0][:, :, 0])
 
 
 def warn_if_template_drop_is_off(pipe: Any) -> None:
     """Say on stderr when the tokenizer does not cut the pipeline's template prefix into exactly the tokens
     the pipeline drops (the prompt's first tokens would be lost, or template tokens kept)."""
-    from flowrl.backbones.qwen_tokenizer import template_prefix_length
+    from flowrl.backbones.qwen_image.tokenizer import template_prefix_length
 
     count = template_prefix_length(pipe.tokenizer, pipe.prompt_template_encode)
     if count != pipe.prompt_template_encode_start_idx:
@@ -320,7 +287,7 @@ class QwenImageFromPretrained(QwenImageAdapter):
         names do not depend on the sizes, so validate still checks ``[lora] target_modules``."""
         from diffusers import QwenImageTransformer2DModel
 
-        from flowrl.backbones.module_names import on_meta, saved_transformer
+        from flowrl.backbones.lora.targets import on_meta, saved_transformer
 
         return saved_transformer(config.path) or on_meta(QwenImageTransformer2DModel)
 

@@ -1,6 +1,6 @@
 """Attention-entropy probe for diffusers' Qwen-Image transformer (AEGPO, arXiv 2602.06825).
 
-As for FLUX (:mod:`flowrl.backbones.flux_attention`): fused attention never materialises the softmax, so a
+As for FLUX (:mod:`flowrl.backbones.flux.probe`): fused attention never materialises the softmax, so a
 probe pass swaps the chosen blocks' processors for :class:`QwenEntropyProbeProcessor`, which computes the
 attention output exactly as ``QwenDoubleStreamAttnProcessor2_0`` does (same projections, norms, RoPE and
 fused kernel: the velocity is unchanged) and, on the side, the entropy of image-query rows' softmax over
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -30,12 +30,8 @@ from diffusers.models.transformers.transformer_qwenimage import (
 )
 from torch import Tensor, nn
 
-from flowrl.backbones.attention_options import AttentionEntropyOptions
-from flowrl.backbones.flux_attention import EntropyRecorder, refuse, swapped_processors, unwrap
-
-if TYPE_CHECKING:
-    from flowrl.backbones.qwen_image import QwenImageAdapter
-    from flowrl.types import Conditioning
+from flowrl.backbones.common.probe import EntropyRecorder, refuse, swapped_processors, unwrap
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
 def masked_softmax_entropy(
@@ -162,14 +158,3 @@ def entropy_probe(
 
     with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
         yield
-
-
-def velocity_and_entropy(
-    adapter: QwenImageAdapter, x: Tensor, s: Tensor, cond: Conditioning, options: AttentionEntropyOptions | None
-) -> tuple[Tensor, Tensor]:
-    """The (guided) velocity and the conditional forward's entropy ``(B,)``, counted in ``adapter.nfe``."""
-    options = options or AttentionEntropyOptions()
-    recorder = EntropyRecorder()
-    with torch.no_grad():
-        v = adapter.guided_velocity(x, s, cond, lambda: entropy_probe(adapter.module, options, recorder))
-    return v, recorder.entropy()

@@ -1,6 +1,6 @@
 """What an attention-entropy probe measures (AEGPO's ``[selector.attention]`` table): a settings type with no
 model code, so parts that only carry the settings import nothing heavy (the probe itself is
-:mod:`flowrl.backbones.flux_attention`)."""
+:mod:`flowrl.backbones.flux.probe`)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ query over the prompt's tokens, padding included, as the model attends to them).
 A probe pass swaps the chosen layers' ``WanAttnProcessor`` for :class:`WanEntropyProbeProcessor`, which lets
 the original processor compute the layer's output (so the velocity is unchanged, bit for bit) and, on the
 side and without gradient, recomputes the layer's queries and keys to record the softmax entropy
-(:func:`flowrl.backbones.flux_attention.softmax_entropy`). It uses one private helper of diffusers 0.42
+(:func:`flowrl.backbones.flux.probe.softmax_entropy`). It uses one private helper of diffusers 0.42
 (``transformer_wan._get_qkv_projections``); ``tests/test_wan.py`` pins it. With classifier-free guidance the
 entropy is the conditional rows' (the batched ``[uncond; cond]`` forward's second half).
 """
@@ -18,18 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
 from torch import Tensor, nn
 
-from flowrl.backbones.attention_options import AttentionEntropyOptions
-from flowrl.backbones.flux_attention import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
-
-if TYPE_CHECKING:
-    from flowrl.backbones.wan import WanAdapter
-    from flowrl.types import Conditioning
+from flowrl.backbones.common.probe import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -92,16 +88,3 @@ def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions) -> I
 
     with swapped_processors(attention_modules(unwrap(transformer), options.keys), options.layers, make):
         yield recorder
-
-
-def velocity_and_entropy(
-    adapter: WanAdapter, x: Tensor, s: Tensor, cond: Conditioning, options: AttentionEntropyOptions | None
-) -> tuple[Tensor, Tensor]:
-    """One probed velocity (counted in ``adapter.nfe`` as usual): the velocity and the entropy ``(B,)`` of the
-    conditional rows."""
-    options = options or AttentionEntropyOptions()
-    with torch.no_grad(), entropy_probe(adapter.module, options) as recorder:
-        v = adapter.velocity(x, s, cond)
-    entropy = recorder.entropy()
-    n = int(x.shape[0])
-    return v, entropy[-n:]  # guided: rows [uncond; cond], the conditional half

@@ -3,7 +3,7 @@
 :func:`tiny_sd3_pipeline` assembles a complete ``diffusers.StableDiffusion3Pipeline`` from small configs:
 an ``SD3Transformer2DModel`` (SD3.5 layout: RMS q/k norm, dual attention in the first block), two
 ``CLIPTextModelWithProjection`` (the CLIP-L and CLIP-G slots), a ``T5EncoderModel``, a tiny
-``AutoencoderKL`` and three word-level tokenizers from :func:`flowrl.backbones.tokenizer.build_word_tokenizer`.
+``AutoencoderKL`` and three word-level tokenizers from :func:`flowrl.backbones.common.tokenizer.build_word_tokenizer`.
 Everything is float32 and builds in milliseconds; it saves with ``save_pretrained`` and loads with
 ``StableDiffusion3Pipeline.from_pretrained(folder, local_files_only=True)`` (the ``sd3`` backbone with
 ``path = folder``).
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import torch
 from attrs.validators import ge, gt, in_
 
-from flowrl.backbones.checks import spec_problems
-from flowrl.backbones.sd3 import DTYPES, GRIDS, SD3Adapter
+from flowrl.backbones.common.checks import spec_problems
+from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
+from flowrl.backbones.sd3.adapter import DTYPES, GRIDS, SD3Adapter
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "text_encoder_3": 3, "vae": 4}
@@ -72,8 +72,6 @@ class TinySD3Spec:
 def _clip(width: int, spec: TinySD3Spec, vocab_size: int) -> Any:
     from transformers import CLIPTextModelWithProjection
 
-    from flowrl.backbones.tiny import tiny_clip_config
-
     return CLIPTextModelWithProjection(tiny_clip_config(spec, width, vocab_size))
 
 
@@ -106,29 +104,20 @@ def tiny_sd3_pipeline(spec: TinySD3Spec, words: Sequence[str] | None = None, see
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
-    from flowrl.backbones.tiny import tiny_t5, tiny_vae
-    from flowrl.backbones.tokenizer import DEFAULT_WORDS, build_word_tokenizer
+    from flowrl.backbones.common.tokenizer import DEFAULT_WORDS, build_word_tokenizer
 
     words = DEFAULT_WORDS if words is None else words
     tokenizers = [build_word_tokenizer(words, spec.max_length) for _ in range(3)]
     vocab = len(tokenizers[0])
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        modules: dict[str, Any] = {}
-        builders = {
-            "transformer": lambda: _transformer(spec),
-            "text_encoder": lambda: _clip(spec.clip_widths[0], spec, vocab),
-            "text_encoder_2": lambda: _clip(spec.clip_widths[1], spec, vocab),
-            "text_encoder_3": lambda: tiny_t5(spec, vocab),
-            # SD3's scaling and shift, so that decode's unscaling is exercised
-            "vae": lambda: tiny_vae(spec, scaling_factor=1.5305, shift_factor=0.0609),
-        }
-        for name, build in builders.items():
-            torch.manual_seed(seed * 1000 + _SEED_OFFSETS[name])
-            modules[name] = build().eval()
-    finally:
-        torch.set_default_dtype(previous)
+    builders = {
+        "transformer": lambda: _transformer(spec),
+        "text_encoder": lambda: _clip(spec.clip_widths[0], spec, vocab),
+        "text_encoder_2": lambda: _clip(spec.clip_widths[1], spec, vocab),
+        "text_encoder_3": lambda: tiny_t5(spec, vocab),
+        # SD3's scaling and shift, so that decode's unscaling is exercised
+        "vae": lambda: tiny_vae(spec, scaling_factor=1.5305, shift_factor=0.0609),
+    }
+    modules = seeded_modules(builders, seed, _SEED_OFFSETS)
     return StableDiffusion3Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(shift=spec.shift),
         tokenizer=tokenizers[0],
@@ -140,10 +129,7 @@ def tiny_sd3_pipeline(spec: TinySD3Spec, words: Sequence[str] | None = None, see
 
 def save_tiny_sd3(spec: TinySD3Spec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0) -> Path:
     """Build :func:`tiny_sd3_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tiny_sd3_pipeline(spec, words=words, seed=seed).save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_pipeline(tiny_sd3_pipeline(spec, words=words, seed=seed), folder)
 
 
 @register("backbone", "tiny_sd3")
@@ -179,8 +165,8 @@ class TinySD3(SD3Adapter):
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.module_names)."""
-        from flowrl.backbones.module_names import on_meta
+        """The transformer without weights (flowrl.backbones.lora.targets)."""
+        from flowrl.backbones.lora.targets import on_meta
 
         return on_meta(lambda: _transformer(TinySD3.spec(config)))
 

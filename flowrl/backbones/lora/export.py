@@ -13,7 +13,7 @@ Beside the folder, ``<folder>_kohya.safetensors`` holds the same tensors in the 
 (``lora_transformer_<layer with underscores>.lora_down.weight`` / ``.lora_up.weight`` / ``.alpha``, the rank and
 alpha also as ``ss_network_dim`` / ``ss_network_alpha`` metadata): one file to drop into ComfyUI's ``models/loras``,
 which reads these names for the FLUX.1 and SD3 transformers. ``[lora] init`` reads both back
-(:mod:`flowrl.backbones.lora_import`).
+(:mod:`flowrl.backbones.lora.load`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def kohya_state(layers: dict[str, Any], alpha: float) -> dict[str, Any]:
     """The adapter's tensors (peft keys, :func:`lora_state_dict`) under kohya keys, with each layer's ``.alpha``."""
     import torch
 
-    from flowrl.backbones.lora_import import KOHYA_PREFIX
+    from flowrl.backbones.lora.load import KOHYA_PREFIX
 
     roles = {".lora_A.weight": ".lora_down.weight", ".lora_B.weight": ".lora_up.weight"}
     out: dict[str, Any] = {}

@@ -25,26 +25,23 @@ The base's conventions, as the pipelines apply them (diffusers 0.42):
   shifted grid with ``schedule.shift``.
 
 Velocities come back as fp32 (``v ~ eps - x0``, the same sign as FLUX.1: the pipelines' Euler step is
-``x + (s_next - s) v``); bf16/fp16 run under autocast as in :mod:`flowrl.backbones.flux`.
+``x + (s_next - s) v``); bf16/fp16 run under autocast as in :mod:`flowrl.backbones.flux.adapter`.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import attrs
 import numpy as np
 import torch
 from attrs.validators import ge, gt, in_
-from torch import Tensor, nn
+from torch import Tensor
 
-from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
-from flowrl.backbones.prompt_cache import cached_encodings
-from flowrl.backbones.vocabulary import UnknownWords
-from flowrl.interfaces import Backbone
+from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
@@ -63,7 +60,7 @@ def single_block_outputs(n: int) -> tuple[str, ...]:
     return tuple(f"single_transformer_blocks.{i}.attn.to_out" for i in range(n))
 
 
-class Flux2Adapter(Backbone):
+class Flux2Adapter(PipelineAdapter):
     """Shared FLUX.2 plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`).
 
     The config must provide ``resolution``, ``guidance_scale``, ``negative_prompt``, ``max_sequence_length``,
@@ -73,29 +70,19 @@ class Flux2Adapter(Backbone):
     lora_targets = BASE_TARGETS + single_block_outputs(SINGLE_BLOCKS_DEV)
 
     def __init__(self, config: Any) -> None:
+        self._text_ids: Tensor | None = None  # (1, L, 4): every prompt is padded to the same length
         super().__init__(config)
-        self.dtype = DTYPES[config.dtype]
-        self.pipe = prepare_pipeline(self.load_pipeline, ("text_encoder", "vae"), self.dtype)
         kind = type(self.pipe).__name__
         if kind not in PIPELINES:
             raise ValueError(f"the flux2 backbone drives {' or '.join(PIPELINES)}, not {kind}")
-        self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it
-        self.device = torch.device("cpu")
-        self.nfe = 0
-        self.forward_s = 0.0
-        self._cache: dict[str, Tensor] = {}
-        self._text_ids: Tensor | None = None  # (1, L, 4): every prompt is padded to the same length
-        self._uncond: Tensor | None = None
-        tokenizer = getattr(self.pipe.tokenizer, "tokenizer", self.pipe.tokenizer)  # dev's processor holds one
-        self._unknown = UnknownWords(tokenizer)
         factor = self.pipe.vae_scale_factor * 2
         if config.resolution % factor:
             raise ValueError(f"resolution {config.resolution} must be a multiple of {factor} for this FLUX.2 model")
         self.side = config.resolution // factor  # tokens per side
         self._img_ids = self.pipe._prepare_latent_ids(torch.zeros(1, 1, self.side, self.side))  # (1, h w, 4)
 
-    def load_pipeline(self) -> Any:
-        raise NotImplementedError
+    def vocabulary(self) -> Any:
+        return getattr(self.pipe.tokenizer, "tokenizer", self.pipe.tokenizer)  # dev's processor holds one
 
     # -- the base's rules --------------------------------------------------------------------------
     @property
@@ -132,20 +119,13 @@ class Flux2Adapter(Backbone):
         return tuple(float(s) for s in scheduler.sigmas)
 
     # -- Backbone interface ------------------------------------------------------------------------
-    @property
-    def transformer(self) -> nn.Module:
-        return self.pipe.transformer  # type: ignore[no-any-return]
-
-    def to(self, device: torch.device) -> Flux2Adapter:
-        self.device = torch.device(device)
-        self.pipe.to(self.device)
+    def to(self, device: torch.device) -> Self:
+        super().to(device)
         self._img_ids = self._img_ids.to(self.device)
         self._text_ids = None
-        self._cache.clear()
-        self._uncond = None
         return self
 
-    def _encode(self, prompts: list[str]) -> Tensor:
+    def encode_rows(self, prompts: list[str]) -> Tensor:
         with torch.no_grad():
             embeds, text_ids = self.pipe.encode_prompt(
                 prompt=prompts, device=self.device, max_sequence_length=self.config.max_sequence_length
@@ -154,14 +134,7 @@ class Flux2Adapter(Backbone):
         return embeds.float()  # type: ignore[no-any-return]
 
     def encode(self, prompts: list[str]) -> Conditioning:
-        rows = cached_encodings(self._cache, self._unknown, prompts, self._encode)
-        return Conditioning({"embeds": torch.stack(rows)})
-
-    def unconditional(self) -> Tensor:
-        """The negative prompt's embedding (one row), encoded once."""
-        if self._uncond is None:
-            self._uncond = self._encode([self.config.negative_prompt])[0]
-        return self._uncond
+        return Conditioning({"embeds": torch.stack(self.cached_rows(prompts))})
 
     def timestep(self, s: Tensor) -> Tensor:
         """The transformer's timestep for noise levels ``s``: the pipeline's scheduler timestep ``1000 s`` (fp32)
@@ -175,19 +148,14 @@ class Flux2Adapter(Backbone):
         if self.embedded_guidance:
             guidance = torch.full((n,), float(self.config.guidance_scale), device=x.device, dtype=torch.float32)
         assert self._text_ids is not None, "encode() runs before velocity()"
-        start = time.perf_counter()
-        with autocast(self.device, self.dtype):
-            out = self.module(
-                hidden_states=x.to(self.dtype),
-                encoder_hidden_states=embeds.to(self.dtype),
-                timestep=t,
-                guidance=guidance,
-                txt_ids=self._text_ids.expand(n, -1, -1),
-                img_ids=self._img_ids.expand(n, -1, -1),
-                return_dict=False,
-            )[0]
-        self.forward_s += time.perf_counter() - start
-        return out.float()  # type: ignore[no-any-return]
+        return self.forward(
+            hidden_states=x.to(self.dtype),
+            encoder_hidden_states=embeds.to(self.dtype),
+            timestep=t,
+            guidance=guidance,
+            txt_ids=self._text_ids.expand(n, -1, -1),
+            img_ids=self._img_ids.expand(n, -1, -1),
+        )
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
         n = int(x.shape[0])
@@ -195,15 +163,8 @@ class Flux2Adapter(Backbone):
         if not self.guided:
             self.nfe += n
             return self._forward(x, t, embeds)
-        self.nfe += 2 * n  # two transformer rows per latent
         negative = self.unconditional().unsqueeze(0).expand(n, *embeds.shape[1:])
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                v_neg = self._forward(x, t, negative)
-            v_cond = self._forward(x, t, embeds)
-        else:  # one batched forward [negative; cond]
-            v_neg, v_cond = self._forward(torch.cat([x, x]), torch.cat([t, t]), torch.cat([negative, embeds])).chunk(2)
-        return v_neg + float(self.config.guidance_scale) * (v_cond - v_neg)
+        return self.classifier_free(self._forward, x, (t, embeds), (t, negative), float(self.config.guidance_scale))
 
     def latents_from_tokens(self, x: Tensor) -> Tensor:
         """The VAE's latent maps ``[B, C, H/8, W/8]`` for tokens ``x`` (unpack, undo the batch-norm
@@ -219,15 +180,18 @@ class Flux2Adapter(Backbone):
         vae = self.pipe.vae
         with torch.no_grad():
             latents = self.latents_from_tokens(x.float())
-            image = vae.decode(latents.to(vae.dtype), return_dict=False)[0].float()
-        return ((image + 1) / 2).clamp(0, 1)
+            return unit_images(vae.decode(latents.to(vae.dtype), return_dict=False)[0])
 
     def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
         """AEGPO's probe: one probed forward gives the velocity and the image-query attention entropy ``(B,)``
-        (:mod:`flowrl.backbones.flux2_attention`; counted in ``nfe`` like :meth:`velocity`)."""
-        from flowrl.backbones.flux2_attention import velocity_and_entropy
+        (:mod:`flowrl.backbones.flux2.probe`; counted in ``nfe`` like :meth:`velocity`)."""
+        from flowrl.backbones.flux2.probe import entropy_probe
 
-        return velocity_and_entropy(self, x, s, cond, options)
+        options = options or AttentionEntropyOptions()
+        n, text_len = int(x.shape[0]), int(cond.tensors["embeds"].shape[1])
+        with torch.no_grad(), entropy_probe(self.module, options, text_len) as recorder:
+            v = self.velocity(x, s, cond)
+        return v, recorder.entropy()[-n:]  # with CFG the forward is batched [negative; cond]: the conditional rows
 
 
 def saved_json(path: str, name: str) -> dict[str, Any] | None:
@@ -296,7 +260,7 @@ class Flux2FromPretrained(Flux2Adapter):
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
         """The saved transformer without weights, when its config is on this machine (module_names)."""
-        from flowrl.backbones.module_names import saved_transformer
+        from flowrl.backbones.lora.targets import saved_transformer
 
         return saved_transformer(config.path)
 

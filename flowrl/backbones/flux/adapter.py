@@ -13,88 +13,35 @@ value (3.5 in the papers); FLUX.1-schnell has no guidance embedding, and the val
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import attrs
 import torch
 from attrs.validators import ge, gt, in_
-from torch import Tensor, nn
+from torch import Tensor
 
-from flowrl.backbones.prompt_cache import cached_encodings
-from flowrl.backbones.vocabulary import UnknownWords
-from flowrl.interfaces import Backbone
+from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast`` in ``dtype`` on ``device`` for a reduced-precision backbone; nothing for float32."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
-
-
-def load_from_pretrained(pipeline_cls: Any, path: str, dtype: torch.dtype, **kwargs: Any) -> Any:
-    """``pipeline_cls.from_pretrained`` from a local folder (never the hub) or a hub id (the local cache only
-    when ``HF_HUB_OFFLINE=1``), every component in ``dtype``; one clear error when it cannot be found."""
-    local = Path(path).exists()
-    try:
-        return pipeline_cls.from_pretrained(path, local_files_only=local, dtype=dtype, **kwargs)
-    except OSError as error:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
-        where = "local folder" if local else "hub id" + (" (HF_HUB_OFFLINE=1: the local cache only)" if offline else "")
-        raise OSError(
-            f"cannot load {pipeline_cls.__name__} from {where} '{path}': {error}. Point the backbone's `path` at a "
-            "folder written by save_pretrained, or download the model into the Hugging Face cache first"
-        ) from error
-
-
-def prepare_pipeline(load: Any, frozen: tuple[str, ...], dtype: torch.dtype) -> Any:
-    """Load a pipeline quietly (no progress bars), freeze the modules named in ``frozen`` (text encoders,
-    VAE; absent ones are skipped) and put the transformer in ``dtype``. Shared by the FLUX and SD3 adapters."""
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as transformers_logging
-
-    diffusers_logging.disable_progress_bar()
-    transformers_logging.disable_progress_bar()
-    pipe = load()
-    pipe.set_progress_bar_config(disable=True)
-    for name in frozen:
-        module = getattr(pipe, name, None)
-        if module is not None:
-            module.requires_grad_(False).eval()
-    if pipe.transformer.dtype != dtype:
-        pipe.transformer.to(dtype)
-    return pipe
-
-
-class FluxAdapter(Backbone):
+class FluxAdapter(PipelineAdapter):
     """Shared FLUX plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`)."""
 
+    frozen = ("text_encoder", "text_encoder_2", "vae")
+
     def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.dtype = DTYPES[config.dtype]
-        self.pipe = prepare_pipeline(self.load_pipeline, ("text_encoder", "text_encoder_2", "vae"), self.dtype)
-        self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
-        self.device = torch.device("cpu")
-        self.nfe = 0
-        self.forward_s = 0.0  # wall time inside the transformer's forward
-        self._cache: dict[str, tuple[Tensor, Tensor]] = {}
         self._text_ids: Tensor | None = None
-        self._unknown = UnknownWords(getattr(self.pipe, "tokenizer_2", None))  # T5's: the one FLUX attends to
+        super().__init__(config)
         h = self.latent_grid()
         self._img_ids = self.pipe._prepare_latent_image_ids(1, h, h, self.device, torch.float32)
 
-    def load_pipeline(self) -> Any:
-        raise NotImplementedError
+    def vocabulary(self) -> Any:
+        return getattr(self.pipe, "tokenizer_2", None)  # T5's: the one FLUX attends to
 
     # -- geometry --------------------------------------------------------------------------------
     @property
@@ -118,30 +65,25 @@ class FluxAdapter(Backbone):
         return (self.latent_grid() ** 2, self.pipe.transformer.config.in_channels)
 
     # -- Backbone interface --------------------------------------------------------------------------
-    @property
-    def transformer(self) -> nn.Module:
-        return self.pipe.transformer  # type: ignore[no-any-return]
-
-    def to(self, device: torch.device) -> FluxAdapter:
-        self.device = torch.device(device)
-        self.pipe.to(self.device)
+    def to(self, device: torch.device) -> Self:
+        super().to(device)
         self._img_ids = self._img_ids.to(self.device)
-        self._cache.clear()
         return self
 
-    def encode(self, prompts: list[str]) -> Conditioning:
-        def encode(missing: list[str]) -> list[tuple[Tensor, Tensor]]:
-            with torch.no_grad():
-                embeds, pooled, text_ids = self.pipe.encode_prompt(
-                    prompt=missing,
-                    prompt_2=None,
-                    device=self.device,
-                    max_sequence_length=self.config.max_sequence_length,
-                )
-            self._text_ids = text_ids
-            return list(zip(embeds.float(), pooled.float(), strict=True))
+    def encode_rows(self, prompts: list[str]) -> list[tuple[Tensor, Tensor]]:
+        """Each prompt's T5 states and CLIP's pooled vector."""
+        with torch.no_grad():
+            embeds, pooled, text_ids = self.pipe.encode_prompt(
+                prompt=prompts,
+                prompt_2=None,
+                device=self.device,
+                max_sequence_length=self.config.max_sequence_length,
+            )
+        self._text_ids = text_ids
+        return list(zip(embeds.float(), pooled.float(), strict=True))
 
-        rows = cached_encodings(self._cache, self._unknown, prompts, encode)
+    def encode(self, prompts: list[str]) -> Conditioning:
+        rows = self.cached_rows(prompts)
         return Conditioning({"embeds": torch.stack([r[0] for r in rows]), "pooled": torch.stack([r[1] for r in rows])})
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
@@ -149,33 +91,32 @@ class FluxAdapter(Backbone):
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:
             guidance = torch.full((x.shape[0],), self.config.guidance, device=x.device, dtype=torch.float32)
-        start = time.perf_counter()
-        with autocast(self.device, self.dtype):
-            out = self.module(
-                hidden_states=x.to(self.dtype),
-                timestep=s.to(self.dtype),
-                guidance=guidance,
-                pooled_projections=cond.tensors["pooled"].to(self.dtype),
-                encoder_hidden_states=cond.tensors["embeds"].to(self.dtype),
-                txt_ids=self._text_ids,
-                img_ids=self._img_ids,
-                return_dict=False,
-            )[0]
-        self.forward_s += time.perf_counter() - start
-        return out.float()  # type: ignore[no-any-return]
+        return self.forward(
+            hidden_states=x.to(self.dtype),
+            timestep=s.to(self.dtype),
+            guidance=guidance,
+            pooled_projections=cond.tensors["pooled"].to(self.dtype),
+            encoder_hidden_states=cond.tensors["embeds"].to(self.dtype),
+            txt_ids=self._text_ids,
+            img_ids=self._img_ids,
+        )
 
     def attention_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> Tensor:
         """Softmax entropy of image-query attention rows ``(B,)``: one probed forward, counted in ``nfe``.
 
-        ``options`` is an :class:`~flowrl.backbones.flux_attention.AttentionEntropyOptions` (None: defaults).
+        ``options`` is an :class:`~flowrl.backbones.common.probe_options.AttentionEntropyOptions` (None: defaults).
         """
         return self.velocity_and_entropy(x, s, cond, options)[1]
 
     def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
         """One probed forward gives both (counted once in ``nfe``)."""
-        from flowrl.backbones.flux_attention import velocity_and_entropy
+        from flowrl.backbones.flux.probe import entropy_probe
 
-        return velocity_and_entropy(self, x, s, cond, options)
+        options = options or AttentionEntropyOptions()
+        text_len = int(cond.tensors["embeds"].shape[1])
+        with torch.no_grad(), entropy_probe(self.module, options, text_len) as recorder:
+            v = self.velocity(x, s, cond)
+        return v, recorder.entropy()
 
     def decode(self, x: Tensor) -> Tensor:
         with torch.no_grad():
@@ -186,8 +127,8 @@ class FluxAdapter(Backbone):
                 res = self.config.resolution
                 latents = self.pipe._unpack_latents(x, res, res, self.pipe.vae_scale_factor)
                 latents = latents / vae.config.scaling_factor + vae.config.shift_factor
-                image = vae.decode(latents.to(vae.dtype), return_dict=False)[0].float()
-        return ((image + 1) / 2).clamp(0, 1)
+                image = vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+        return unit_images(image)
 
     def encode_images(self, images: Tensor) -> Tensor:
         """Clean latents ``x0`` for images in [0, 1] (pixel space only: used by pre-training)."""
@@ -226,7 +167,7 @@ class FluxFromPretrained(FluxAdapter):
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
         """The saved transformer without weights, when its config is on this machine (module_names)."""
-        from flowrl.backbones.module_names import saved_transformer
+        from flowrl.backbones.lora.targets import saved_transformer
 
         return saved_transformer(config.path) if config.path else None
 

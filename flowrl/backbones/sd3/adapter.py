@@ -11,49 +11,37 @@ unconditional rows) and an unguided one (``guidance_scale = 1``) costs 1.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 import attrs
 import torch
 from attrs.validators import ge, gt, in_
-from torch import Tensor, nn
+from torch import Tensor
 
-from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
-from flowrl.backbones.prompt_cache import cached_encodings
-from flowrl.backbones.vocabulary import UnknownWords
-from flowrl.interfaces import Backbone
+from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
 GRIDS = ("uniform", "diffusers")
 
 
-class SD3Adapter(Backbone):
+class SD3Adapter(PipelineAdapter):
     """Shared SD3 plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`).
 
     The config must provide ``resolution``, ``guidance_scale``, ``negative_prompt``,
     ``max_sequence_length``, ``grid`` and ``dtype``.
     """
 
+    frozen = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.dtype = DTYPES[config.dtype]
-        frozen = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
-        self.pipe = prepare_pipeline(self.load_pipeline, frozen, self.dtype)
-        self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
-        self.device = torch.device("cpu")
-        self.nfe = 0
-        self.forward_s = 0.0
-        self._cache: dict[str, tuple[Tensor, Tensor]] = {}
-        self._unknown = UnknownWords(getattr(self.pipe, "tokenizer_3", None))  # T5's
-        self._uncond: tuple[Tensor, Tensor] | None = None
         factor = self.pipe.vae_scale_factor * self.pipe.transformer.config.patch_size
         if config.resolution % factor:
             raise ValueError(f"resolution {config.resolution} must be a multiple of {factor} for this SD3 model")
 
-    def load_pipeline(self) -> Any:
-        raise NotImplementedError
+    def vocabulary(self) -> Any:
+        return getattr(self.pipe, "tokenizer_3", None)  # T5's
 
     # -- geometry --------------------------------------------------------------------------------
     @property
@@ -80,18 +68,8 @@ class SD3Adapter(Backbone):
         return tuple(float(s) for s in scheduler.sigmas)
 
     # -- Backbone interface --------------------------------------------------------------------------
-    @property
-    def transformer(self) -> nn.Module:
-        return self.pipe.transformer  # type: ignore[no-any-return]
-
-    def to(self, device: torch.device) -> SD3Adapter:
-        self.device = torch.device(device)
-        self.pipe.to(self.device)
-        self._cache.clear()
-        self._uncond = None
-        return self
-
-    def _encode(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
+    def encode_rows(self, prompts: list[str]) -> list[tuple[Tensor, Tensor]]:
+        """Each prompt's ``(embeds, pooled)``."""
         with torch.no_grad():
             embeds, _, pooled, _ = self.pipe.encode_prompt(
                 prompt=prompts,
@@ -101,31 +79,19 @@ class SD3Adapter(Backbone):
                 do_classifier_free_guidance=False,
                 max_sequence_length=self.config.max_sequence_length,
             )
-        return embeds.float(), pooled.float()
+        return list(zip(embeds.float(), pooled.float(), strict=True))
 
     def encode(self, prompts: list[str]) -> Conditioning:
-        rows = cached_encodings(self._cache, self._unknown, prompts, lambda m: zip(*self._encode(m), strict=True))
+        rows = self.cached_rows(prompts)
         return Conditioning({"embeds": torch.stack([r[0] for r in rows]), "pooled": torch.stack([r[1] for r in rows])})
 
-    def unconditional(self) -> tuple[Tensor, Tensor]:
-        """The negative prompt's ``(embeds, pooled)`` (one row each), encoded once."""
-        if self._uncond is None:
-            embeds, pooled = self._encode([self.config.negative_prompt])
-            self._uncond = (embeds[0], pooled[0])
-        return self._uncond
-
     def _forward(self, x: Tensor, t: Tensor, embeds: Tensor, pooled: Tensor) -> Tensor:
-        start = time.perf_counter()
-        with autocast(self.device, self.dtype):
-            out = self.module(
-                hidden_states=x.to(self.dtype),
-                timestep=t,  # fp32, in [0, 1000] as the pipeline passes it
-                encoder_hidden_states=embeds.to(self.dtype),
-                pooled_projections=pooled.to(self.dtype),
-                return_dict=False,
-            )[0]
-        self.forward_s += time.perf_counter() - start
-        return out.float()  # type: ignore[no-any-return]
+        return self.forward(
+            hidden_states=x.to(self.dtype),
+            timestep=t,  # fp32, in [0, 1000] as the pipeline passes it
+            encoder_hidden_states=embeds.to(self.dtype),
+            pooled_projections=pooled.to(self.dtype),
+        )
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
         n = int(x.shape[0])
@@ -134,25 +100,16 @@ class SD3Adapter(Backbone):
         if not self.guided:
             self.nfe += n
             return self._forward(x, t, embeds, pooled)
-        self.nfe += 2 * n  # two transformer rows per latent
         u_embeds, u_pooled = (u.unsqueeze(0).expand(n, *u.shape) for u in self.unconditional())
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                v_uncond = self._forward(x, t, u_embeds, u_pooled)
-            v_cond = self._forward(x, t, embeds, pooled)
-        else:  # one batched forward [uncond; cond], the pipeline's layout
-            both = self._forward(
-                torch.cat([x, x]), torch.cat([t, t]), torch.cat([u_embeds, embeds]), torch.cat([u_pooled, pooled])
-            )
-            v_uncond, v_cond = both.chunk(2)
-        return v_uncond + float(self.config.guidance_scale) * (v_cond - v_uncond)
+        return self.classifier_free(
+            self._forward, x, (t, embeds, pooled), (t, u_embeds, u_pooled), float(self.config.guidance_scale)
+        )
 
     def decode(self, x: Tensor) -> Tensor:
         vae = self.pipe.vae
         with torch.no_grad():
             latents = x.float() / vae.config.scaling_factor + (vae.config.shift_factor or 0.0)
-            image = vae.decode(latents.to(vae.dtype), return_dict=False)[0].float()
-        return ((image + 1) / 2).clamp(0, 1)
+            return unit_images(vae.decode(latents.to(vae.dtype), return_dict=False)[0])
 
 
 @register("backbone", "sd3")
@@ -177,7 +134,7 @@ class SD3FromPretrained(SD3Adapter):
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
         """The saved transformer without weights, when its config is on this machine (module_names)."""
-        from flowrl.backbones.module_names import saved_transformer
+        from flowrl.backbones.lora.targets import saved_transformer
 
         return saved_transformer(config.path)
 

@@ -20,25 +20,22 @@ the Wan 2.2 TI2V VAE). Conventions, as ``WanPipeline.__call__`` of diffusers 0.4
 ``num_frames = 1`` (one latent frame: DanceGRPO's image-mode Wan recipe) it returns images ``(B, 3, H, W)``.
 Wan 2.2 TI2V (``expand_timesteps``) is supported for text-to-video: the timestep is given per token, as the
 pipeline does. Wan 2.2 A14B's second expert (``transformer_2`` with ``boundary_ratio``) is refused at load.
-AEGPO's attention-entropy probe is :mod:`flowrl.backbones.wan_attention`.
+AEGPO's attention-entropy probe is :mod:`flowrl.backbones.wan.probe`.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
 import torch
 from attrs.validators import ge, gt, in_
-from torch import Tensor, nn
+from torch import Tensor
 
-from flowrl.backbones.flux import DTYPES, autocast, load_from_pretrained, prepare_pipeline
-from flowrl.backbones.prompt_cache import cached_encodings
-from flowrl.backbones.vocabulary import UnknownWords
-from flowrl.interfaces import Backbone
+from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
@@ -69,7 +66,7 @@ def refused_experts(index: dict[str, Any], where: str) -> str | None:
     return None
 
 
-class WanAdapter(Backbone):
+class WanAdapter(PipelineAdapter):
     """Shared Wan plumbing; subclasses say where the pipeline comes from (:meth:`load_pipeline`).
 
     The config must provide ``resolution``, ``height``, ``width`` (0: ``resolution``), ``num_frames``,
@@ -80,18 +77,9 @@ class WanAdapter(Backbone):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.dtype = DTYPES[config.dtype]
-        self.pipe = prepare_pipeline(self.load_pipeline, ("text_encoder", "vae"), self.dtype)
         why = refused_experts(dict(self.pipe.config), "this pipeline")
         if why is not None or getattr(self.pipe, "transformer_2", None) is not None:
             raise ValueError(why or "this Wan pipeline has a transformer_2, which the wan backbone does not support")
-        self.module: nn.Module = self.pipe.transformer  # what velocity() calls; the trainer may wrap it (DDP)
-        self.device = torch.device("cpu")
-        self.nfe = 0
-        self.forward_s = 0.0
-        self._cache: dict[str, Tensor] = {}
-        self._uncond: Tensor | None = None
-        self._unknown = UnknownWords(getattr(self.pipe, "tokenizer", None))
         _, ph, pw = self.pipe.transformer.config.patch_size
         spatial = self.pipe.vae_scale_factor_spatial
         for name, side in (("height", self.height), ("width", self.width)):
@@ -100,9 +88,6 @@ class WanAdapter(Backbone):
                                  f"(VAE factor {spatial} x patch {ph})")
         if (config.num_frames - 1) % self.pipe.vae_scale_factor_temporal:
             raise ValueError(f"num_frames - 1 must be divisible by {self.pipe.vae_scale_factor_temporal}")
-
-    def load_pipeline(self) -> Any:
-        raise NotImplementedError
 
     # -- geometry --------------------------------------------------------------------------------
     @property
@@ -143,18 +128,7 @@ class WanAdapter(Backbone):
         return tuple(float(s) for s in scheduler.sigmas)
 
     # -- Backbone interface --------------------------------------------------------------------------
-    @property
-    def transformer(self) -> nn.Module:
-        return self.pipe.transformer  # type: ignore[no-any-return]
-
-    def to(self, device: torch.device) -> WanAdapter:
-        self.device = torch.device(device)
-        self.pipe.to(self.device)
-        self._cache.clear()
-        self._uncond = None
-        return self
-
-    def _encode(self, prompts: list[str]) -> Tensor:
+    def encode_rows(self, prompts: list[str]) -> Tensor:
         """UMT5 states, zeroed past each prompt's length and padded to ``max_sequence_length`` (the pipeline's)."""
         with torch.no_grad():
             embeds, _ = self.pipe.encode_prompt(
@@ -166,14 +140,7 @@ class WanAdapter(Backbone):
         return embeds.float()  # type: ignore[no-any-return]
 
     def encode(self, prompts: list[str]) -> Conditioning:
-        rows = cached_encodings(self._cache, self._unknown, prompts, self._encode)
-        return Conditioning({"embeds": torch.stack(rows)})
-
-    def unconditional(self) -> Tensor:
-        """The negative prompt's embeddings (one row), encoded once."""
-        if self._uncond is None:
-            self._uncond = self._encode([self.config.negative_prompt])[0]
-        return self._uncond
+        return Conditioning({"embeds": torch.stack(self.cached_rows(prompts))})
 
     def _timestep(self, t: Tensor, x: Tensor) -> Tensor:
         """``(B,)``, or ``(B, tokens)`` for Wan 2.2 TI2V (``expand_timesteps``: one timestep per latent token;
@@ -185,16 +152,11 @@ class WanAdapter(Backbone):
         return t[:, None].expand(-1, tokens)
 
     def _forward(self, x: Tensor, t: Tensor, embeds: Tensor) -> Tensor:
-        start = time.perf_counter()
-        with autocast(self.device, self.dtype):
-            out = self.module(
-                hidden_states=x.to(self.dtype),
-                timestep=self._timestep(t, x),  # fp32, in [0, 1000] as the pipeline passes it
-                encoder_hidden_states=embeds.to(self.dtype),
-                return_dict=False,
-            )[0]
-        self.forward_s += time.perf_counter() - start
-        return out.float()  # type: ignore[no-any-return]
+        return self.forward(
+            hidden_states=x.to(self.dtype),
+            timestep=self._timestep(t, x),  # fp32, in [0, 1000] as the pipeline passes it
+            encoder_hidden_states=embeds.to(self.dtype),
+        )
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
         n = int(x.shape[0])
@@ -203,23 +165,18 @@ class WanAdapter(Backbone):
         if not self.guided:
             self.nfe += n
             return self._forward(x, t, embeds)
-        self.nfe += 2 * n  # two transformer rows per latent
         u_embeds = self.unconditional().unsqueeze(0).expand(n, -1, -1)
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                v_uncond = self._forward(x, t, u_embeds)
-            v_cond = self._forward(x, t, embeds)
-        else:  # one batched forward [uncond; cond]
-            both = self._forward(torch.cat([x, x]), torch.cat([t, t]), torch.cat([u_embeds, embeds]))
-            v_uncond, v_cond = both.chunk(2)
-        return v_uncond + float(self.config.guidance_scale) * (v_cond - v_uncond)
+        return self.classifier_free(self._forward, x, (t, embeds), (t, u_embeds), float(self.config.guidance_scale))
 
     def velocity_and_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> tuple[Tensor, Tensor]:
-        """AEGPO's probe (:mod:`flowrl.backbones.wan_attention`): the velocity and the softmax entropy ``(B,)`` of
+        """AEGPO's probe (:mod:`flowrl.backbones.wan.probe`): the velocity and the softmax entropy ``(B,)`` of
         the video-query rows of self-attention (``options.keys = "all"``) or cross-attention (``"text"``)."""
-        from flowrl.backbones.wan_attention import velocity_and_entropy
+        from flowrl.backbones.wan.probe import entropy_probe
 
-        return velocity_and_entropy(self, x, s, cond, options)
+        options = options or AttentionEntropyOptions()
+        with torch.no_grad(), entropy_probe(self.module, options) as recorder:
+            v = self.velocity(x, s, cond)
+        return v, recorder.entropy()[-int(x.shape[0]) :]  # guided: rows [uncond; cond], the conditional half
 
     def decode(self, x: Tensor) -> Tensor:
         """Clips ``(B, F, 3, H, W)`` in [0, 1]; images ``(B, 3, H, W)`` when ``num_frames = 1``."""
@@ -229,8 +186,8 @@ class WanAdapter(Backbone):
         inv_std = 1.0 / torch.tensor(vae.config.latents_std, dtype=torch.float32, device=x.device).view(shape)
         with torch.no_grad():
             latents = x.float() / inv_std + mean  # the pipeline's order of operations
-            video = vae.decode(latents.to(vae.dtype), return_dict=False)[0].float()  # (B, 3, F, H, W) in [-1, 1]
-        clip = ((video + 1) / 2).clamp(0, 1).permute(0, 2, 1, 3, 4).contiguous()
+            video = vae.decode(latents.to(vae.dtype), return_dict=False)[0]  # (B, 3, F, H, W) in [-1, 1]
+        clip = unit_images(video).permute(0, 2, 1, 3, 4).contiguous()
         return clip[:, 0] if self.config.num_frames == 1 else clip
 
 
@@ -287,7 +244,7 @@ class WanFromPretrained(WanAdapter):
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
         """The saved transformer without weights, when its config is on this machine (module_names)."""
-        from flowrl.backbones.module_names import saved_transformer
+        from flowrl.backbones.lora.targets import saved_transformer
 
         return saved_transformer(config.path)
 

@@ -62,7 +62,7 @@ def lora_target_problems(recipe: Any) -> Iterator[tuple[str, str]]:
     build = getattr(part.cls, "transformer_on_meta", None)
     transformer = build(part.config) if build is not None else None
     if recipe.lora.init:  # an existing LoRA: its file and its layers are checked, not target_modules
-        from flowrl.backbones.lora_import import init_problems
+        from flowrl.backbones.lora.load import init_problems
 
         names = None if transformer is None else [n for n, m in transformer.named_modules() if isinstance(m, nn.Linear)]
         yield from init_problems(recipe.lora.init, names)

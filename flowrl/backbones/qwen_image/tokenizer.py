@@ -26,7 +26,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from flowrl.backbones.tokenizer import DEFAULT_WORDS
+from flowrl.backbones.common.tokenizer import DEFAULT_WORDS
 
 PAD, IM_START, IM_END, UNK, NEWLINE = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "\n"
 SPECIAL = (PAD, IM_START, IM_END, UNK)

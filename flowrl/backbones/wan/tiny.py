@@ -5,7 +5,7 @@
 ``(1, 2, 2)``), a ``UMT5EncoderModel``, a tiny ``AutoencoderKLWan`` (two spatial and two temporal halvings:
 a spatial factor of 4, the real temporal factor of 4, and non-trivial ``latents_mean`` / ``latents_std`` so
 that decode's un-normalisation is exercised), a ``FlowMatchEulerDiscreteScheduler`` and the word-level
-tokenizer of :mod:`flowrl.backbones.tokenizer`. Everything is float32 and builds in milliseconds; it saves with
+tokenizer of :mod:`flowrl.backbones.common.tokenizer`. Everything is float32 and builds in milliseconds; it saves with
 ``save_pretrained`` and loads with ``WanPipeline.from_pretrained(folder, local_files_only=True)`` (the ``wan``
 backbone with ``path = folder``).
 
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import torch
 from attrs.validators import ge, gt, in_
 
-from flowrl.backbones.checks import spec_problems
-from flowrl.backbones.wan import DTYPES, GRIDS, TEMPORAL, WanAdapter, frame_problems
+from flowrl.backbones.common.checks import spec_problems
+from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, t5_settings
+from flowrl.backbones.wan.adapter import DTYPES, GRIDS, TEMPORAL, WanAdapter, frame_problems
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
@@ -85,25 +85,7 @@ def _transformer(spec: TinyWanSpec) -> Any:
 def _umt5(spec: TinyWanSpec, vocab_size: int) -> Any:
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from flowrl.backbones.tokenizer import EOS_ID, PAD_ID
-
-    config = UMT5Config(
-        vocab_size=vocab_size,
-        d_model=spec.text_dim,
-        d_kv=spec.text_dim // spec.text_heads,
-        d_ff=spec.text_hidden,
-        num_layers=spec.text_layers,
-        num_heads=spec.text_heads,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=spec.max_length,
-        feed_forward_proj="gated-gelu",
-        dropout_rate=0.0,
-        pad_token_id=PAD_ID,
-        eos_token_id=EOS_ID,
-        decoder_start_token_id=PAD_ID,
-        tie_word_embeddings=False,
-    )
-    return UMT5EncoderModel(config)
+    return UMT5EncoderModel(UMT5Config(**t5_settings(spec.text_dim, spec, vocab_size)))
 
 
 def _vae(spec: TinyWanSpec) -> Any:
@@ -128,7 +110,7 @@ def tiny_wan_pipeline(spec: TinyWanSpec, words: Sequence[str] | None = None, see
     ``max_sequence_length <= spec.max_length`` (the tokenizer's ``model_max_length``)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-    from flowrl.backbones.tokenizer import DEFAULT_WORDS, build_word_tokenizer
+    from flowrl.backbones.common.tokenizer import DEFAULT_WORDS, build_word_tokenizer
 
     tokenizer = build_word_tokenizer(DEFAULT_WORDS if words is None else words, spec.max_length)
     builders = {
@@ -136,24 +118,13 @@ def tiny_wan_pipeline(spec: TinyWanSpec, words: Sequence[str] | None = None, see
         "text_encoder": lambda: _umt5(spec, len(tokenizer)),
         "vae": lambda: _vae(spec),
     }
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        modules: dict[str, Any] = {}
-        for name, build in builders.items():
-            torch.manual_seed(seed * 1000 + _SEED_OFFSETS[name])
-            modules[name] = build().eval()
-    finally:
-        torch.set_default_dtype(previous)
+    modules = seeded_modules(builders, seed, _SEED_OFFSETS)
     return WanPipeline(tokenizer=tokenizer, scheduler=FlowMatchEulerDiscreteScheduler(shift=spec.shift), **modules)
 
 
 def save_tiny_wan(spec: TinyWanSpec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0) -> Path:
     """Build :func:`tiny_wan_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tiny_wan_pipeline(spec, words=words, seed=seed).save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_pipeline(tiny_wan_pipeline(spec, words=words, seed=seed), folder)
 
 
 @register("backbone", "tiny_wan")
@@ -202,8 +173,8 @@ class TinyWan(WanAdapter):
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.module_names)."""
-        from flowrl.backbones.module_names import on_meta
+        """The transformer without weights (flowrl.backbones.lora.targets)."""
+        from flowrl.backbones.lora.targets import on_meta
 
         return on_meta(lambda: _transformer(TinyWan.spec(config)))
 

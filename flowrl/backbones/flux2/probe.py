@@ -1,12 +1,12 @@
 """Attention-entropy probe for diffusers' FLUX.2 transformer (AEGPO's measure, as for FLUX.1 in
-:mod:`flowrl.backbones.flux_attention`).
+:mod:`flowrl.backbones.flux.probe`).
 
 FLUX.2 has two attention processors: ``Flux2AttnProcessor`` in the double-stream blocks (separate q/k/v and
 added text projections, like FLUX.1's) and ``Flux2ParallelSelfAttnProcessor`` in the single-stream blocks (one
 fused ``to_qkv_mlp_proj`` producing q, k, v and the MLP input; one fused ``to_out`` for attention and MLP). A
 probe pass swaps the chosen layers' processors for the subclasses below: each computes its output exactly as
 the original (same fused attention kernel, so the velocity is unchanged) and, on the side, the softmax entropy
-of image-query rows with flowrl's chunked fp32 softmax (:func:`~flowrl.backbones.flux_attention.softmax_entropy`).
+of image-query rows with flowrl's chunked fp32 softmax (:func:`~flowrl.backbones.flux.probe.softmax_entropy`).
 
 The processors mirror diffusers 0.42's ``__call__`` bodies and use its private ``_get_qkv_projections``;
 ``tests/test_flux2.py`` checks that a probed forward gives the unprobed velocity.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -28,12 +28,8 @@ from diffusers.models.transformers.transformer_flux2 import (
 )
 from torch import Tensor, nn
 
-from flowrl.backbones.attention_options import AttentionEntropyOptions
-from flowrl.backbones.flux_attention import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
-
-if TYPE_CHECKING:
-    from flowrl.backbones.flux2 import Flux2Adapter
-    from flowrl.types import Conditioning
+from flowrl.backbones.common.probe import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
 class _Recording:
@@ -139,16 +135,3 @@ def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text
 
     with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
         yield recorder
-
-
-def velocity_and_entropy(
-    adapter: Flux2Adapter, x: Tensor, s: Tensor, cond: Conditioning, options: AttentionEntropyOptions | None
-) -> tuple[Tensor, Tensor]:
-    """One probed forward (counted in ``adapter.nfe``): the velocity and the entropy ``(B,)``. With CFG the
-    forward is batched ``[negative; cond]``; the entropy is the conditional rows'."""
-    options = options or AttentionEntropyOptions()
-    n = int(x.shape[0])
-    with torch.no_grad(), entropy_probe(adapter.module, options, int(cond.tensors["embeds"].shape[1])) as recorder:
-        v = adapter.velocity(x, s, cond)
-    entropy = recorder.entropy()
-    return v, entropy[-n:]

@@ -4,7 +4,7 @@
 ``QwenImageTransformer2DModel``, a ``Qwen2_5_VLForConditionalGeneration`` text encoder (two text layers and
 a one-block vision tower, which the text path never runs but the class builds), an ``AutoencoderKLQwenImage``
 (Qwen-Image's causal 3-D VAE, two spatial halvings), the word-level tokenizer of
-:mod:`flowrl.backbones.qwen_tokenizer` (it cuts the pipeline's chat template where the pipeline expects)
+:mod:`flowrl.backbones.qwen_image.tokenizer` (it cuts the pipeline's chat template where the pipeline expects)
 and a ``FlowMatchEulerDiscreteScheduler`` with Qwen-Image's published scheduler settings (dynamic shift,
 exponential time shift, terminal level 0.02), so the tiny twin samples on the same kind of grid. Everything
 is float32 and builds in well under a second; it saves with ``save_pretrained`` and loads with
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import torch
 from attrs.validators import ge, gt, in_
 
-from flowrl.backbones.checks import spec_problems
-from flowrl.backbones.qwen_image import DTYPES, GRIDS, QwenImageAdapter, config_problems
+from flowrl.backbones.common.checks import spec_problems
+from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
+from flowrl.backbones.qwen_image.adapter import DTYPES, GRIDS, QwenImageAdapter, config_problems
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
@@ -101,7 +101,7 @@ def _transformer(spec: TinyQwenImageSpec) -> Any:
 def _text_encoder(spec: TinyQwenImageSpec, vocab_size: int) -> Any:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from flowrl.backbones.qwen_tokenizer import IM_END_ID, PAD_ID
+    from flowrl.backbones.qwen_image.tokenizer import IM_END_ID, PAD_ID
 
     # the multimodal RoPE's sections split half a head's width over (time, height, width)
     half = spec.text_width // spec.text_heads // 2
@@ -149,24 +149,16 @@ def tiny_qwen_image_pipeline(spec: TinyQwenImageSpec, words: Sequence[str] | Non
     """A randomly initialised float32 ``QwenImagePipeline``; deterministic given ``seed``."""
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-    from flowrl.backbones.qwen_tokenizer import build_qwen_word_tokenizer
-    from flowrl.backbones.tokenizer import DEFAULT_WORDS
+    from flowrl.backbones.common.tokenizer import DEFAULT_WORDS
+    from flowrl.backbones.qwen_image.tokenizer import build_qwen_word_tokenizer
 
     tokenizer = build_qwen_word_tokenizer(DEFAULT_WORDS if words is None else words)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        modules: dict[str, Any] = {}
-        builders = {
-            "transformer": lambda: _transformer(spec),
-            "text_encoder": lambda: _text_encoder(spec, len(tokenizer)),
-            "vae": lambda: _vae(spec),
-        }
-        for name, build in builders.items():
-            torch.manual_seed(seed * 1000 + _SEED_OFFSETS[name])
-            modules[name] = build().eval()
-    finally:
-        torch.set_default_dtype(previous)
+    builders = {
+        "transformer": lambda: _transformer(spec),
+        "text_encoder": lambda: _text_encoder(spec, len(tokenizer)),
+        "vae": lambda: _vae(spec),
+    }
+    modules = seeded_modules(builders, seed, _SEED_OFFSETS)
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), tokenizer=tokenizer, **modules
     )
@@ -176,10 +168,7 @@ def save_tiny_qwen_image(
     spec: TinyQwenImageSpec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0
 ) -> Path:
     """Build :func:`tiny_qwen_image_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tiny_qwen_image_pipeline(spec, words=words, seed=seed).save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_pipeline(tiny_qwen_image_pipeline(spec, words=words, seed=seed), folder)
 
 
 @register("backbone", "tiny_qwen_image")
@@ -216,8 +205,8 @@ class TinyQwenImage(QwenImageAdapter):
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.module_names)."""
-        from flowrl.backbones.module_names import on_meta
+        """The transformer without weights (flowrl.backbones.lora.targets)."""
+        from flowrl.backbones.lora.targets import on_meta
 
         return on_meta(lambda: _transformer(TinyQwenImage.spec(config)))
 

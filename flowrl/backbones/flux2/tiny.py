@@ -10,7 +10,7 @@
 
 Both share a ``Flux2Transformer2DModel``, an ``AutoencoderKLFlux2`` whose batch-norm running statistics are set to
 random values (so that the pipeline's latent normalisation is exercised, not the identity) and a word-level
-tokenizer (:func:`flowrl.backbones.tokenizer.build_word_tokenizer`) with a chat template. The template keeps only
+tokenizer (:func:`flowrl.backbones.common.tokenizer.build_word_tokenizer`) with a chat template. The template keeps only
 the user's text: the real chat templates wrap the prompt in role markers (and, for dev, a long system message)
 that a 16-token tiny model could not hold. The dev pipeline's ``tokenizer`` slot normally holds an
 ``AutoProcessor``; text-only encoding needs only its ``apply_chat_template``, which the tokenizer has.
@@ -31,9 +31,10 @@ import attrs
 import torch
 from attrs.validators import ge, gt, in_
 
-from flowrl.backbones.checks import spec_problems
-from flowrl.backbones.flux import DTYPES
-from flowrl.backbones.flux2 import BASE_TARGETS, GRIDS, Flux2Adapter, single_block_outputs
+from flowrl.backbones.common.checks import spec_problems
+from flowrl.backbones.common.pipeline import DTYPES
+from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
+from flowrl.backbones.flux2.adapter import BASE_TARGETS, GRIDS, Flux2Adapter, single_block_outputs
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
@@ -144,7 +145,7 @@ def _vae(spec: TinyFlux2Spec) -> Any:
 
 
 def _text_encoder(spec: TinyFlux2Spec, vocab_size: int) -> Any:
-    from flowrl.backbones.tokenizer import BOS_ID, EOS_ID, PAD_ID
+    from flowrl.backbones.common.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
     text = {
         "vocab_size": vocab_size,
@@ -181,25 +182,16 @@ def tiny_flux2_pipeline(spec: TinyFlux2Spec, words: Sequence[str] | None = None,
     deterministic given ``seed``. Call it with ``max_sequence_length <= spec.max_length``."""
     from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Pipeline
 
-    from flowrl.backbones.tokenizer import DEFAULT_WORDS, build_word_tokenizer
+    from flowrl.backbones.common.tokenizer import DEFAULT_WORDS, build_word_tokenizer
 
     tokenizer = build_word_tokenizer(DEFAULT_WORDS if words is None else words, spec.max_length)
     tokenizer.chat_template = CHAT_TEMPLATE
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        modules: dict[str, Any] = {}
-        builders = {
-            "transformer": lambda: _transformer(spec),
-            "text_encoder": lambda: _text_encoder(spec, len(tokenizer)),
-            "vae": lambda: _vae(spec),
-        }
-        for name, build in builders.items():
-            torch.manual_seed(seed * 1000 + _SEED_OFFSETS[name])
-            with torch.no_grad():
-                modules[name] = build().eval()
-    finally:
-        torch.set_default_dtype(previous)
+    builders = {
+        "transformer": lambda: _transformer(spec),
+        "text_encoder": lambda: _text_encoder(spec, len(tokenizer)),
+        "vae": lambda: _vae(spec),
+    }
+    modules = seeded_modules(builders, seed, _SEED_OFFSETS)
     # FLUX.2's scheduler settings: dynamic (mu) shifting, exponential time shift (the released configs)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, time_shift_type="exponential")
     if spec.variant == "dev":
@@ -209,10 +201,7 @@ def tiny_flux2_pipeline(spec: TinyFlux2Spec, words: Sequence[str] | None = None,
 
 def save_tiny_flux2(spec: TinyFlux2Spec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0) -> Path:
     """Build :func:`tiny_flux2_pipeline` and ``save_pretrained`` it (safetensors) into ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tiny_flux2_pipeline(spec, words=words, seed=seed).save_pretrained(folder, safe_serialization=True)
-    return folder
+    return save_pipeline(tiny_flux2_pipeline(spec, words=words, seed=seed), folder)
 
 
 @register("backbone", "tiny_flux2")
@@ -266,8 +255,8 @@ class TinyFlux2(Flux2Adapter):
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.module_names)."""
-        from flowrl.backbones.module_names import on_meta
+        """The transformer without weights (flowrl.backbones.lora.targets)."""
+        from flowrl.backbones.lora.targets import on_meta
 
         return on_meta(lambda: _transformer(TinyFlux2.spec(config)))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from flowrl.backbones.vocabulary import UnknownWords
+from flowrl.backbones.common.vocabulary import UnknownWords
 
 Row = TypeVar("Row")
 

@@ -8,16 +8,15 @@ their entropy ``H = -sum_k p_k log p_k``.
 
 The processor mirrors ``FluxAttnProcessor.__call__`` of diffusers 0.42 and uses two private helpers
 (``_get_qkv_projections``, ``apply_rotary_emb``); ``tests/test_attention_probe.py`` pins them.
-Only :class:`~flowrl.backbones.flux.FluxAdapter` calls into this module; algorithms see
-the capability ``flowrl.interfaces.AttentionEntropyProbe``.
+Only :class:`~flowrl.backbones.flux.adapter.FluxAdapter` calls into this module (the probe never imports its
+adapter); algorithms see the capability ``flowrl.interfaces.AttentionEntropyProbe``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -25,52 +24,8 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
 from torch import Tensor, nn
 
-from flowrl.backbones.attention_options import AttentionEntropyOptions
-
-if TYPE_CHECKING:
-    from flowrl.backbones.flux import FluxAdapter
-    from flowrl.types import Conditioning
-
-
-def softmax_entropy(query: Tensor, key: Tensor, chunk_size: int, normalise: bool) -> Tensor:
-    """Mean softmax entropy of each query row over ``key``, per batch row.
-
-    ``query`` ``(B, Q, H, D)``, ``key`` ``(B, K, H, D)`` (diffusers' layout); scale ``1/sqrt(D)`` as in
-    scaled-dot-product attention. Computed in fp32, ``chunk_size`` query rows at a time; returns ``(B,)``,
-    the mean over query rows and heads (divided by ``log K`` when ``normalise``).
-    """
-    b, q_len, heads, dim = query.shape
-    k = key.float().transpose(1, 2)  # (B, H, K, D)
-    scale = 1.0 / math.sqrt(dim)
-    total = torch.zeros(b, dtype=torch.float32, device=query.device)
-    # fp32 even inside a bf16/fp16 autocast region (the backbone's forward runs under one)
-    with torch.no_grad(), torch.autocast(device_type=query.device.type, enabled=False):
-        for start in range(0, q_len, chunk_size):
-            q = query[:, start : start + chunk_size].float().transpose(1, 2)  # (B, H, c, D)
-            logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-            logp = torch.log_softmax(logits, dim=-1)
-            total += -(logp.exp() * logp).sum(-1).sum((1, 2))
-    entropy = total / (q_len * heads)
-    if normalise:
-        n_keys = key.shape[1]
-        entropy = entropy / math.log(n_keys) if n_keys > 1 else torch.zeros_like(entropy)
-    return entropy
-
-
-class EntropyRecorder:
-    """Collects one ``(B,)`` entropy per probed layer during a forward pass."""
-
-    def __init__(self) -> None:
-        self.values: dict[int, Tensor] = {}
-
-    def add(self, layer: int, value: Tensor) -> None:
-        self.values[layer] = value.detach().float()
-
-    def entropy(self) -> Tensor:
-        """Mean over the probed layers, per batch row ``(B,)``."""
-        if not self.values:
-            raise RuntimeError("the attention-entropy probe saw no attention call (was the forward run?)")
-        return torch.stack([self.values[k] for k in sorted(self.values)]).mean(0)
+from flowrl.backbones.common.probe import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
 class EntropyProbeProcessor(FluxAttnProcessor):
@@ -143,43 +98,6 @@ def attention_modules(transformer: nn.Module) -> list[Any]:
     return [block.attn for block in blocks]
 
 
-def unwrap(module: nn.Module) -> nn.Module:
-    """The transformer inside a distributed wrapper (``DistributedDataParallel.module``), else itself."""
-    while isinstance(module, nn.parallel.DistributedDataParallel):
-        module = module.module
-    return module
-
-
-@contextmanager
-def swapped_processors(
-    modules: list[Any], layers: tuple[int, ...], make: Callable[[int, Any], Any]
-) -> Iterator[None]:
-    """Inside: each chosen attention module (every one when ``layers`` is empty) runs ``make(i, original)``, a
-    probe processor that takes over the original's attention backend; the originals are restored on exit (also
-    on error). ``make`` raises NotImplementedError for a processor its probe cannot replace; an index past the
-    modules is a ValueError."""
-    chosen = layers or tuple(range(len(modules)))
-    bad = [i for i in chosen if i >= len(modules)]
-    if bad:
-        raise ValueError(f"attention layers {bad} out of range: the transformer has {len(modules)} attention modules")
-    originals = {i: modules[i].processor for i in chosen}
-    try:
-        for i in chosen:
-            old = originals[i]
-            probe = make(i, old)
-            probe._attention_backend, probe._parallel_config = old._attention_backend, old._parallel_config
-            modules[i].set_processor(probe)
-        yield
-    finally:
-        for i, old in originals.items():
-            modules[i].set_processor(old)
-
-
-def refuse(i: int, old: Any, replaced: str) -> NotImplementedError:
-    """The error for attention layer ``i`` whose processor ``old`` is not one the probe can replace."""
-    return NotImplementedError(f"attention layer {i} uses {type(old).__name__}; the probe replaces only {replaced}")
-
-
 @contextmanager
 def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text_len: int) -> Iterator[EntropyRecorder]:
     """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
@@ -192,14 +110,3 @@ def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text
 
     with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
         yield recorder
-
-
-def velocity_and_entropy(
-    adapter: FluxAdapter, x: Tensor, s: Tensor, cond: Conditioning, options: AttentionEntropyOptions | None
-) -> tuple[Tensor, Tensor]:
-    """One probed transformer forward (counted in ``adapter.nfe``): the velocity and the entropy ``(B,)``."""
-    options = options or AttentionEntropyOptions()
-    text_len = int(cond.tensors["embeds"].shape[1])
-    with torch.no_grad(), entropy_probe(adapter.module, options, text_len) as recorder:
-        v = adapter.velocity(x, s, cond)
-    return v, recorder.entropy()

@@ -1,0 +1,48 @@
+"""The rollout phase of an iteration: the selector's plan, then the sampler's rollouts of the current policy.
+
+Everything here runs without gradients, with the full weights in hand when sharded, and counts towards the
+NFE (a selector's probes included). Two things may ride along with the sampling: the recompute-free update's
+recording of the trained inputs' graphs (:class:`flowrl.trainer.retain.Retention`), and the lagged copy's
+weights where the loss samples with them (:meth:`flowrl.trainer.policy.TrainedPolicy.sampling`). Before the
+first rollout the memory pre-check is made again with the first plan (:class:`flowrl.trainer.memory.RolloutFits`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flowrl.interfaces import Loss, RolloutSampler, TimestepSelector
+from flowrl.recipe import Recipe
+from flowrl.rng import RolloutRNG, generator
+from flowrl.selectors import observed_plan
+from flowrl.trainer.lagged import samples_from_lagged
+from flowrl.trainer.memory import RolloutFits
+from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.retain import Retention
+from flowrl.types import Plan, Rollout, Schedule
+
+
+class RolloutPhase:
+    """Plans and rolls out one iteration's prompts (this process's slice of the global batch)."""
+
+    def __init__(self, recipe: Recipe, selector: TimestepSelector, sampler: RolloutSampler, loss: Loss,
+                 policy: TrainedPolicy, schedule: Schedule, retention: Retention, fits: RolloutFits) -> None:
+        self.recipe, self.selector, self.sampler, self.policy = recipe, selector, sampler, policy
+        self.schedule, self.retention, self.fits = schedule, retention, fits
+        self.from_lagged = samples_from_lagged(loss)
+        # the frozen reference's weights too, when sharded, where a probe of the plan or the sampler uses them
+        self.probes_reference = selector.needs_reference or sampler.needs_reference
+
+    def __call__(self, prompts: list[str], step: int, first_row: int) -> tuple[Plan, Rollout]:
+        """The plan and the rollout of iteration ``step``; ``first_row`` is the global index of the first prompt
+        (each prompt draws its noise from its own stream, :class:`flowrl.rng.RolloutRNG`)."""
+        seed, backbone = self.recipe.seed, self.policy.backbone
+        backbone.module.eval()
+        with torch.no_grad(), self.policy.inference(reference=self.probes_reference):
+            plan = observed_plan(self.selector, backbone, prompts, self.schedule, step, generator(seed, step, "plan"),
+                                 self.recipe.schedule.final_sde, self.recipe.parts["selector"].type)
+            self.fits.check(len(prompts), plan)
+            rng = RolloutRNG(seed, step, range(first_row, first_row + len(prompts)))
+            with self.retention.recording(plan, self.schedule), self.policy.sampling(self.from_lagged):
+                rollout = self.sampler.rollout(backbone, prompts, plan, self.schedule, rng)
+        return plan, rollout
