@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
-LR_DECAYS = ("constant", "linear", "cosine")
+from flowrl.choices import values
+
+LrDecay = Literal["constant", "linear", "cosine"]
+LR_DECAYS = values(LrDecay)
 
 
 def lr_factor(k: int, warmup: int, decay: str, steps: int, floor: float) -> float:

@@ -18,8 +18,8 @@ from flowrl.composition import composition_checks
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.errors import UserError
 from flowrl.interfaces import ForwardProcessLoss
-from flowrl.option_kinds import SEED_LIMIT
 from flowrl.registry import RegistryError, registry
+from flowrl.rng import SEED_LIMIT
 from flowrl.settings import LoraConfig, OptimConfig, ScheduleConfig, TrainerConfig
 from flowrl.update_modes import update_checks
 from flowrl.video import frame_choice_problem

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+SEED_LIMIT = 2**63  # torch.Generator.manual_seed takes seeds in [0, 2**63): every seed a recipe or a command takes
+
 
 def derive_seed(*parts: int | str) -> int:
     """A 63-bit seed from any tuple of ints and strings (stable across runs and platforms)."""

@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
-from attrs.validators import ge, gt, in_, le, lt
+from attrs.validators import ge, gt, le, lt
 
-from flowrl.lr_schedule import LR_DECAYS
-from flowrl.update_modes import UPDATE_MODES
+from flowrl.choices import one_of
+from flowrl.lr_schedule import LrDecay
+from flowrl.update_modes import UpdateMode
 
-COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # trainer.compile
+MixedPrecision = Literal["no", "bf16", "fp16"]
+CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+Sharding = Literal["none", "fsdp"]
+AttentionKernels = Literal["auto", "no-cudnn", "math", "efficient", "flash"]
 
 positive: Any = gt(0)
 
@@ -43,7 +47,7 @@ class OptimConfig:
     max_grad_norm: float = attrs.field(default=1.0, validator=positive)  # clip the global grad norm to this
     warmup_steps: int = attrs.field(default=0, validator=ge(0))  # linear LR warm-up
     # after the warm-up: "constant", or decay to lr x final_lr_ratio at trainer.max_steps ("linear", "cosine")
-    lr_decay: Literal["constant", "linear", "cosine"] = attrs.field(default="constant", validator=in_(LR_DECAYS))
+    lr_decay: LrDecay = attrs.field(default="constant", validator=one_of(LrDecay))
     final_lr_ratio: float = attrs.field(default=0.1, validator=[ge(0), le(1)])
 
 
@@ -76,12 +80,12 @@ class TrainerConfig:
     # how the update gets its velocities: "retain" backpropagates through the rollout's own forwards (no
     # second forward; exact with one inner epoch), "recompute" runs the transformer again, "auto" retain
     # where exact (flowrl.update_modes, docs/performance.md)
-    update: Literal["auto", "recompute", "retain"] = attrs.field(default="auto", validator=in_(UPDATE_MODES))
+    update: UpdateMode = attrs.field(default="auto", validator=one_of(UpdateMode))
     # split each iteration's prompts into this many chunks, rolled out one after another, each scored in a
     # background thread while the next is rolled out (a slow or served reward; independent samplers only;
     # flowrl.trainer.overlap, docs/performance.md); 0 or 1: off
     overlap_chunks: int = attrs.field(default=0, validator=ge(0))
-    mixed_precision: Literal["no", "bf16", "fp16"] = attrs.field(default="no", validator=in_(("no", "bf16", "fp16")))
+    mixed_precision: MixedPrecision = attrs.field(default="no", validator=one_of(MixedPrecision))
     ema_decay: float = attrs.field(default=0.0, validator=[ge(0), le(1)])  # 0 disables EMA
     log_every: int = attrs.field(default=1, validator=positive)
     image_every: int = attrs.field(default=10, validator=ge(0))  # TensorBoard image grids; 0 disables
@@ -116,19 +120,15 @@ class TrainerConfig:
     # torch.compile the transformer's forward (in place: parameter names, checkpoints and LoRA exports unchanged)
     # with this mode; "off": eager. The first iterations pay the compilation (docs/performance.md gives the
     # measured ratios; on the CPU it can lose)
-    compile: Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = attrs.field(
-        default="off", validator=in_(COMPILE_MODES)
-    )
+    compile: CompileMode = attrs.field(default="off", validator=one_of(CompileMode))
     # "fsdp": shard the transformer's parameters, gradients and optimizer state over the processes (torch FSDP2,
     # one unit per transformer block; docs/distributed.md); "none": every process holds the whole model (DDP)
-    sharding: Literal["none", "fsdp"] = attrs.field(default="none", validator=in_(("none", "fsdp")))
+    sharding: Sharding = attrs.field(default="none", validator=one_of(Sharding))
     torch_threads: int = attrs.field(default=0, validator=ge(0))  # CPU threads for torch; 0 keeps torch's default
     # CUDA attention kernels (torch SDPA backends). "no-cudnn" (default): cuDNN's fused attention is off, because
     # its backward failed on FLUX joint attention with torch 2.11 + CUDA 13 on an H200 (illegal memory access,
     # NaN); flash / memory-efficient are used instead (docs/performance.md). "auto": torch's own choice.
-    attention_kernels: Literal["auto", "no-cudnn", "math", "efficient", "flash"] = attrs.field(
-        default="no-cudnn", validator=in_(("auto", "no-cudnn", "math", "efficient", "flash"))
-    )
+    attention_kernels: AttentionKernels = attrs.field(default="no-cudnn", validator=one_of(AttentionKernels))
 
 
 @attrs.frozen

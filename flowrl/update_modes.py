@@ -19,11 +19,13 @@ no graph is kept for them; unmarked ones cost memory, never correctness.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
+from flowrl.choices import values
 from flowrl.interfaces import ForwardProcessLoss
 
-UPDATE_MODES = ("auto", "recompute", "retain")
+UpdateMode = Literal["auto", "recompute", "retain"]
+UPDATE_MODES = values(UpdateMode)
 
 
 def retain_conflicts(recipe: Any) -> list[tuple[str, str]]:

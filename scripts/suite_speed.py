@@ -30,9 +30,9 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    from flowrl.cli.suite import policy_for
     from flowrl.suites import stages
     from flowrl.suites.builtin import WorldSuite
-    from flowrl.suites.cli import policy_for
 
     suite = WorldSuite(WorldSuite.Config())
     protocol = suite.protocol()

@@ -80,7 +80,7 @@ def in_thread(app: Any, port: int = 0) -> Iterator[Threaded]:
     """Serve an ASGI ``app`` with uvicorn in a daemon thread on ``port`` (0: a free one); stopped on exit."""
     import uvicorn
 
-    from flowrl.serve.cli import listening_socket
+    from flowrl.cli.serve import listening_socket
 
     sock = listening_socket("127.0.0.1", port)
     server = uvicorn.Server(uvicorn.Config(app, log_level="critical", access_log=False))

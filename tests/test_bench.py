@@ -286,7 +286,7 @@ def test_cli_user_errors(args: list[str], message: str, capsys: pytest.CaptureFi
 
 
 def test_cli_module_is_light() -> None:
-    code = "import sys, flowrl.bench.cli; print(any(m in sys.modules for m in ('flowrl.bench.run', 'matplotlib')))"
+    code = "import sys, flowrl.cli.bench; print(any(m in sys.modules for m in ('flowrl.bench.run', 'matplotlib')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -370,10 +370,12 @@ def test_extended_run_equals_a_run_given_the_larger_budget(tmp_path: Path) -> No
     assert final["step"] == 4 and final["eval/score"] == fresh["methods"]["alpha"]["seeds"]["0"]["final"]["score"]
 
 
+def merge(argv: list[str]) -> int:
+    return flowrl_main(["bench-merge", *argv])
+
+
 def test_merging_reports_compares_methods_across_them(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
-    """scripts/merge_bench.py: methods from two reports compared as one bench, every comparison computed anew."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from merge_bench import main as merge
+    """flowrl bench-merge: methods from two reports compared as one bench, every comparison computed anew."""
 
     one, two = tmp_path / "one", tmp_path / "two"
     for folder, names in ((one, ["ref"]), (two, ["fast", "slow"])):
@@ -409,10 +411,8 @@ def test_merging_reports_compares_methods_across_them(runs: dict[str, dict[int, 
 
 
 def test_merging_at_a_shorter_budget_cuts_every_curve(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
-    """merge_bench.py --max-nfe: runs cut at their first evaluation at or past the budget compare as runs of that
+    """bench-merge --max-nfe: runs cut at their first evaluation at or past the budget compare as runs of that
     budget would: final figures, pairwise tests and reach ratios equal those of runs that stopped there."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from merge_bench import main as merge
 
     two = {n: runs[n] for n in ("ref", "fast")}  # two methods keep the bootstraps short
     whole = tmp_path / "whole"
@@ -435,3 +435,26 @@ def test_merging_at_a_shorter_budget_cuts_every_curve(runs: dict[str, dict[int, 
         assert cut["methods"][name]["curve_nfe"] == stopped["methods"][name]["curve_nfe"]
     assert cut["pairwise"] == stopped["pairwise"] and cut["reach_ratios"] == stopped["reach_ratios"]
     assert cut["methods"]["ref"]["final_score"] != full["methods"]["ref"]["final_score"]
+
+
+def test_the_leaderboard_ranks_every_method_of_a_report(
+    runs: dict[str, dict[int, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """flowrl bench-leaderboard: one row per method, best final mean first, the reference marked, the labels
+    in the method column; a folder without a report is one line and exit 2."""
+    report = tmp_path / "report"
+    report.mkdir()
+    results = build_results(runs)
+    (report / "results.json").write_text(json.dumps(results))
+    capsys.readouterr()
+    assert flowrl_main(["bench-leaderboard", str(report), "--labels", "ref=Reference,fast=Fast"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| Welch p vs Reference |")
+    body = [line.split(" | ") for line in lines[2:]]
+    assert [row[1].strip("`") for row in body] == sorted(
+        results["methods"], key=lambda n: -results["methods"][n]["final_score"]["mean"]
+    )
+    by_name = {row[1].strip("`"): row for row in body}
+    assert by_name["ref"][-1] == "(reference) |" and by_name["fast"][2] == "Fast" and by_name["slow"][2] == "slow"
+    assert flowrl_main(["bench-leaderboard", str(tmp_path)]) == 2
+    assert "results.json: no such file" in capsys.readouterr().err

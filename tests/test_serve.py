@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 from served import free_port, serve_process, tiny_world
 
 from flowrl.cli.main import main
+from flowrl.cli.serve import listening_socket
 from flowrl.interfaces import RewardError
 from flowrl.recipe import load_recipe, recipe_from_dict
 from flowrl.rewards.remote import RemoteReward
-from flowrl.serve.cli import listening_socket
 from flowrl.tomlwrite import dumps
 from flowrl.trainer import train
 from flowrl.world.components import WorldVerifier

@@ -2,7 +2,7 @@
 
 :mod:`~flowrl.bench.run` trains the runs, :mod:`~flowrl.bench.report` turns run folders into
 ``results.json`` / ``results.md`` and :mod:`~flowrl.bench.plots` draws the curves. ``flowrl bench`` is
-wired in :mod:`~flowrl.bench.cli`. Importing this package stays light: the harness is loaded on use.
+wired in :mod:`flowrl.cli.bench`. Importing this package stays light: the harness is loaded on use.
 """
 
 from __future__ import annotations

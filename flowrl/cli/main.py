@@ -120,14 +120,17 @@ def parser() -> argparse.ArgumentParser:
                     help="where to write it (default: RUN/report.html)")
     rp.set_defaults(func=commands.report)
 
-    from flowrl.bench.cli import configure as configure_bench
-    from flowrl.pretrain.cli import configure as configure_pretrain
-    from flowrl.serve.cli import configure as configure_serve
-    from flowrl.suites.cli import configure as configure_suite
-    from flowrl.suites.cli import configure_data
+    from flowrl.cli.bench import configure as configure_bench
+    from flowrl.cli.bench import configure_leaderboard, configure_merge
+    from flowrl.cli.pretrain import configure as configure_pretrain
+    from flowrl.cli.serve import configure as configure_serve
+    from flowrl.cli.suite import configure as configure_suite
+    from flowrl.cli.suite import configure_data
 
     configure_pretrain(sub.add_parser("pretrain", help="pre-train the embedded world's base model by flow matching"))
     configure_bench(sub.add_parser("bench", help="run recipes x seeds on the embedded benchmark; write a report"))
+    configure_merge(sub.add_parser("bench-merge", help="compare the methods of several bench reports as one bench"))
+    configure_leaderboard(sub.add_parser("bench-leaderboard", help="a bench report's leaderboard table (markdown)"))
     configure_serve(sub.add_parser("serve", help="serve a reward over HTTP (for [[reward]] type = \"remote\")"))
     configure_suite(sub.add_parser("suite", help="evaluation suites (GenEval, HPSv2, ...): generate, score, compare"))
     configure_data(sub.add_parser("data", help="fetch a suite's prompt set from its public source"))

@@ -16,15 +16,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 from torch import Tensor
 
-from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.pipeline import DTYPES, DType, PipelineAdapter, load_from_pretrained, unit_images
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+from flowrl.choices import one_of
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
@@ -162,7 +163,7 @@ class FluxFromPretrained(FluxAdapter):
         resolution: int = attrs.field(default=512, validator=gt(0))  # image side in pixels
         guidance: float = attrs.field(default=3.5, validator=ge(0))  # embedded guidance (dev); ignored by schnell
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
+        dtype: DType = attrs.field(default="bfloat16", validator=one_of(DType))
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:

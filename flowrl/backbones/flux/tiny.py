@@ -15,15 +15,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 
 from flowrl.backbones.common.checks import spec_problems
-from flowrl.backbones.common.pipeline import DTYPES
+from flowrl.backbones.common.pipeline import DType
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
 from flowrl.backbones.flux.adapter import FluxAdapter
+from flowrl.choices import one_of
 from flowrl.registry import register
 
 # Offsets added to ``seed * 1000`` so each module draws its own random stream.
@@ -197,7 +198,7 @@ class TinyFlux(FluxAdapter):
         axes_dims_rope: tuple[int, int, int] = (4, 6, 6)  # must sum to attention_head_dim
         max_sequence_length: int = attrs.field(default=16, validator=gt(0))  # prompt tokens
         guidance: float = 3.5
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
     @staticmethod
     def spec(c: Any) -> TinyFluxSpec:

@@ -32,20 +32,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import attrs
 import numpy as np
 import torch
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 from torch import Tensor
 
-from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.pipeline import (
+    DTYPES,
+    DType,
+    PipelineAdapter,
+    SigmaGrid,
+    load_from_pretrained,
+    unit_images,
+)
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+from flowrl.choices import one_of
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
-GRIDS = ("diffusers", "uniform")
 PIPELINES = ("Flux2Pipeline", "Flux2KleinPipeline")
 # diffusers' dreambooth FLUX.2 LoRA list (train_dreambooth_lora_flux2.py): the double blocks' attention
 # projections, the single blocks' fused qkv+mlp input, and the single blocks' fused output projection
@@ -238,8 +245,8 @@ class Flux2FromPretrained(Flux2Adapter):
         guidance_scale: float = attrs.field(default=4.0, validator=ge(0.0))  # both pipelines' default
         negative_prompt: str = ""  # klein-base's negative branch (the pipeline's is "")
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))  # text tokens (the pipelines')
-        grid: Literal["diffusers", "uniform"] = attrs.field(default="diffusers", validator=in_(GRIDS))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
+        grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
+        dtype: DType = attrs.field(default="bfloat16", validator=one_of(DType))
 
     @staticmethod
     def check_config(config: Config) -> list[tuple[str, str]]:

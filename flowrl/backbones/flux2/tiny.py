@@ -32,9 +32,10 @@ import torch
 from attrs.validators import ge, gt, in_
 
 from flowrl.backbones.common.checks import spec_problems
-from flowrl.backbones.common.pipeline import DTYPES
+from flowrl.backbones.common.pipeline import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
-from flowrl.backbones.flux2.adapter import BASE_TARGETS, GRIDS, Flux2Adapter, single_block_outputs
+from flowrl.backbones.flux2.adapter import BASE_TARGETS, Flux2Adapter, single_block_outputs
+from flowrl.choices import one_of
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
@@ -228,8 +229,8 @@ class TinyFlux2(Flux2Adapter):
         max_sequence_length: int = attrs.field(default=16, validator=gt(2))  # prompt tokens
         guidance_scale: float = attrs.field(default=4.0, validator=ge(0.0))  # CFG scale (klein-base) or embedded (dev)
         negative_prompt: str = ""  # klein-base's negative branch (the pipeline's is "")
-        grid: Literal["diffusers", "uniform"] = attrs.field(default="diffusers", validator=in_(GRIDS))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
     @staticmethod
     def spec(c: Any) -> TinyFlux2Spec:

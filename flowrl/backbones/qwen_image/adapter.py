@@ -38,20 +38,27 @@ import sys
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 from torch import Tensor
 
-from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.pipeline import (
+    DTYPES,
+    DType,
+    PipelineAdapter,
+    SigmaGrid,
+    load_from_pretrained,
+    unit_images,
+)
 from flowrl.backbones.common.probe import EntropyRecorder
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+from flowrl.choices import one_of
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
-GRIDS = ("diffusers", "uniform")
 MAX_TEXT_TOKENS = 1024  # QwenImagePipeline refuses a longer max_sequence_length
 # verl-omni / verl FlowGRPO on Qwen-Image (examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh):
 # the joint attention's image and text projections and both streams' feed-forward layers
@@ -268,8 +275,8 @@ class QwenImageFromPretrained(QwenImageAdapter):
         true_cfg_scale: float = attrs.field(default=4.0, validator=ge(1.0))  # true CFG scale; 1 disables it
         negative_prompt: str = " "  # the negative branch's prompt (encoded once; the pipeline's docs: " ")
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))  # prompt tokens after the template
-        grid: Literal["diffusers", "uniform"] = attrs.field(default="diffusers", validator=in_(GRIDS))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
+        grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
+        dtype: DType = attrs.field(default="bfloat16", validator=one_of(DType))
 
     @staticmethod
     def check_config(config: Config) -> list[tuple[str, str]]:

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 
 from flowrl.backbones.common.checks import spec_problems
+from flowrl.backbones.common.pipeline import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
-from flowrl.backbones.qwen_image.adapter import DTYPES, GRIDS, QwenImageAdapter, config_problems
+from flowrl.backbones.qwen_image.adapter import QwenImageAdapter, config_problems
+from flowrl.choices import one_of
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
@@ -186,8 +188,8 @@ class TinyQwenImage(QwenImageAdapter):
         max_sequence_length: int = attrs.field(default=32, validator=gt(0))  # prompt tokens after the template
         true_cfg_scale: float = attrs.field(default=4.0, validator=ge(1.0))  # true CFG scale; 1 disables it
         negative_prompt: str = " "  # the negative branch's prompt (encoded once)
-        grid: Literal["diffusers", "uniform"] = attrs.field(default="diffusers", validator=in_(GRIDS))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
     @staticmethod
     def spec(c: Any) -> TinyQwenImageSpec:

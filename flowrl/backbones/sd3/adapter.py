@@ -11,18 +11,24 @@ unconditional rows) and an unguided one (``guidance_scale = 1``) costs 1.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 from torch import Tensor
 
-from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.pipeline import (
+    DTYPES,
+    DType,
+    PipelineAdapter,
+    SigmaGrid,
+    load_from_pretrained,
+    unit_images,
+)
+from flowrl.choices import one_of
 from flowrl.registry import register
 from flowrl.types import Conditioning
-
-GRIDS = ("uniform", "diffusers")
 
 
 class SD3Adapter(PipelineAdapter):
@@ -128,8 +134,8 @@ class SD3FromPretrained(SD3Adapter):
         guidance_scale: float = attrs.field(default=4.5, validator=ge(1.0))  # CFG scale (Flow-GRPO: 4.5); 1 disables
         negative_prompt: str = ""  # the unconditional branch's prompt (encoded once)
         max_sequence_length: int = attrs.field(default=256, validator=gt(0))  # T5 tokens
-        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))  # sigma grid
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
+        grid: SigmaGrid = attrs.field(default="uniform", validator=one_of(SigmaGrid))  # sigma grid
+        dtype: DType = attrs.field(default="bfloat16", validator=one_of(DType))
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:

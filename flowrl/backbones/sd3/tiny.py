@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 
 from flowrl.backbones.common.checks import spec_problems
+from flowrl.backbones.common.pipeline import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
-from flowrl.backbones.sd3.adapter import DTYPES, GRIDS, SD3Adapter
+from flowrl.backbones.sd3.adapter import SD3Adapter
+from flowrl.choices import one_of
 from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "text_encoder_3": 3, "vae": 4}
@@ -146,8 +148,8 @@ class TinySD3(SD3Adapter):
         max_sequence_length: int = attrs.field(default=16, validator=gt(2))  # prompt tokens (CLIP and T5)
         guidance_scale: float = attrs.field(default=4.5, validator=ge(1.0))  # CFG scale; 1 disables CFG
         negative_prompt: str = ""  # the unconditional branch's prompt (encoded once)
-        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))  # sigma grid
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        grid: SigmaGrid = attrs.field(default="uniform", validator=one_of(SigmaGrid))  # sigma grid
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
     @staticmethod
     def spec(c: Config) -> TinySD3Spec:

@@ -27,19 +27,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 from torch import Tensor
 
-from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.pipeline import (
+    DTYPES,
+    DType,
+    PipelineAdapter,
+    SigmaGrid,
+    load_from_pretrained,
+    unit_images,
+)
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+from flowrl.choices import one_of
 from flowrl.registry import register
 from flowrl.types import Conditioning
 
-GRIDS = ("uniform", "diffusers")
 TEMPORAL = 4  # the temporal factor of every Wan VAE (2.1 and 2.2)
 # Wan's published LoRA targets: Flow-GRPO's train_wan2_1.py lists these plus add_{k,q,v}_proj / to_add_out,
 # which exist only in the image-to-video transformer; these four catch self- (attn1) and cross-attention (attn2).
@@ -224,8 +231,8 @@ class WanFromPretrained(WanAdapter):
         guidance_scale: float = attrs.field(default=5.0, validator=ge(1.0))  # CFG scale (WanPipeline: 5); 1 disables
         negative_prompt: str = ""  # the unconditional branch's prompt (encoded once)
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))  # UMT5 tokens (Wan: 512)
-        grid: Literal["uniform", "diffusers"] = attrs.field(default="uniform", validator=in_(GRIDS))  # sigma grid
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="bfloat16", validator=in_(tuple(DTYPES)))
+        grid: SigmaGrid = attrs.field(default="uniform", validator=one_of(SigmaGrid))  # sigma grid
+        dtype: DType = attrs.field(default="bfloat16", validator=one_of(DType))
 
     @staticmethod
     def check_config(config: Config) -> list[tuple[str, str]]:

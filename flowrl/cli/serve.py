@@ -16,8 +16,8 @@ import socket
 import sys
 from typing import Any
 
+from flowrl.cli.options import KeyValue, Text, Whole
 from flowrl.errors import UserError
-from flowrl.option_kinds import KeyValue, Text, Whole
 
 DEFAULT_PORT = 8700
 

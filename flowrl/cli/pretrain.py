@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from flowrl.option_kinds import ExistingPath, KeyValue, OutputFolder
+from flowrl.cli.options import ExistingPath, KeyValue, OutputFolder
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

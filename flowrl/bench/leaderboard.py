@@ -1,20 +1,14 @@
-"""The leaderboard table of docs/benchmarks.md, from a merged bench report (scripts/merge_bench.py's results.json).
+"""The leaderboard table (``flowrl bench-leaderboard``), from a bench report (often a merged one).
 
 One row per method, best final mean first: the seeds, the final held-out figure (mean ± standard error and the
 95% t-interval of the mean), the rollout NFE and training seconds a run took (mean over seeds), the iteration
 seconds, and Welch's two-sided p against the report's reference. Every figure is read or computed from the
 report's seeds; nothing is typed in.
-
-    python scripts/leaderboard.py docs/bench/leaderboard [--labels recipe=label,...]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1).
@@ -44,9 +38,11 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda row: -row["mean"])
 
 
-def markdown(results: dict[str, Any], labels: dict[str, str]) -> str:
+def leaderboard(results: dict[str, Any], labels: dict[str, str]) -> str:
+    """The markdown table; ``labels`` maps a recipe name to the method column's text (default: the name)."""
+    reference = labels.get(results["reference"], results["reference"])
     columns = ["", "recipe", "method", "seeds", "final test strict, mean ± se", "95% interval", "rollout NFE",
-               "training s", "iteration s", "Welch p vs Flow-GRPO"]
+               "training s", "iteration s", f"Welch p vs {reference}"]
     align = ["---:", "---", "---", *["---:"] * 7]
     lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join(align) + " |"]
     for rank, row in enumerate(rows(results), 1):
@@ -59,21 +55,3 @@ def markdown(results: dict[str, Any], labels: dict[str, str]) -> str:
             f" {row['iteration_s']:.1f} | {p} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path, help="a merged bench report folder (results.json)")
-    parser.add_argument("--labels", default="", help="recipe=label,... (the method column; default: the name)")
-    args = parser.parse_args(argv)
-    path = args.report / "results.json"
-    if not path.is_file():
-        print(f"error: {path}: no such file", file=sys.stderr)
-        return 2
-    labels = dict(item.split("=", 1) for item in args.labels.split(",") if "=" in item)
-    print(markdown(json.loads(path.read_text()), labels), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,12 @@
-"""``flowrl bench`` arguments. Light at import time: the harness (and torch) load when the command runs."""
+"""``flowrl bench``, ``flowrl bench-merge`` and ``flowrl bench-leaderboard``: their arguments, and the calls into
+:mod:`flowrl.bench`. Light at import time: the harness (and torch) load when a command runs."""
 
 from __future__ import annotations
 
 import argparse
 import time
 
-from flowrl.option_kinds import ExistingPath, KeyValue, OutputFolder, Seeds, Text, Whole
+from flowrl.cli.options import ExistingPath, KeyValue, OutputFolder, Seeds, Text, Whole
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -65,4 +66,65 @@ def main(args: argparse.Namespace) -> int:
         if results["bench"].get(key):
             print(f"{verb}: {', '.join(results['bench'][key])}")
     print(f"report: {out / 'results.md'} (results.json, score_vs_nfe.png, score_vs_wall_s.png)")
+    return 0
+
+
+def configure_merge(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Compare the methods of several bench reports (results.json) as one bench: every comparison computed"
+        " anew; more seeds of a method in another report join its earlier ones."
+    )
+    parser.add_argument("sources", nargs="+", type=Text(), metavar="DIR[:NAME[=NEW],...]",
+                        help="bench report folders; after a colon, the methods to take from it (each optionally"
+                        " under a new name)")
+    parser.add_argument("--reference", required=True, type=Text(), metavar="NAME",
+                        help="the method the others are compared with")
+    parser.add_argument("--out", required=True, type=OutputFolder(), metavar="DIR",
+                        help="folder for the merged results.json, results.md and plots")
+    parser.add_argument("--max-nfe", type=Whole(1), default=None, metavar="N",
+                        help="compare at this rollout budget: cut longer runs at their first evaluation at or past N")
+    parser.set_defaults(func=merge)
+
+
+def merge(args: argparse.Namespace) -> int:
+    """``flowrl bench-merge``: the merged report, written as ``flowrl bench`` writes one."""
+    import json
+    from pathlib import Path
+
+    from flowrl.bench.merge import merge_reports
+    from flowrl.bench.plots import plot_curves
+    from flowrl.bench.report import markdown
+
+    merged = merge_reports(args.sources, args.reference, args.max_nfe)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(merged, indent=2, allow_nan=False) + "\n")
+    (out / "results.md").write_text(markdown(merged))
+    plot_curves(merged, out)
+    print(f"wrote {out}/results.md")
+    return 0
+
+
+def configure_leaderboard(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Print a bench report's leaderboard: one markdown row per method, best final mean first."
+    parser.add_argument("report", type=ExistingPath("folder", "bench report folder"), metavar="DIR",
+                        help="a bench report folder (results.json), often one bench-merge wrote")
+    parser.add_argument("--labels", default=None, type=Text(), metavar="NAME=LABEL,...",
+                        help="the method column's text per recipe name (default: the name)")
+    parser.set_defaults(func=leaderboard)
+
+
+def leaderboard(args: argparse.Namespace) -> int:
+    """``flowrl bench-leaderboard``: the table on standard output."""
+    import json
+    from pathlib import Path
+
+    from flowrl.bench.errors import BenchError
+    from flowrl.bench.leaderboard import leaderboard as table
+
+    path = Path(args.report) / "results.json"
+    if not path.is_file():
+        raise BenchError(f"{path}: no such file (a flowrl bench report folder holds one)")
+    labels = dict(item.split("=", 1) for item in (args.labels or "").split(",") if "=" in item)
+    print(table(json.loads(path.read_text()), labels), end="")
     return 0
