@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import torch
 from torch import Tensor, nn
@@ -19,9 +19,7 @@ from flowrl.backbones.common.prompt_cache import cached_encodings
 from flowrl.backbones.common.vocabulary import UnknownWords
 from flowrl.interfaces import Backbone
 
-DType = Literal["float32", "bfloat16", "float16"]  # a base's `dtype` setting
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SigmaGrid = Literal["uniform", "diffusers"]  # a base's `grid` setting: evenly spaced, or its pipeline's own
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:

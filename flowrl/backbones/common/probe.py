@@ -14,15 +14,19 @@ import torch
 from torch import Tensor, nn
 
 
-def softmax_entropy(query: Tensor, key: Tensor, chunk_size: int, normalise: bool) -> Tensor:
-    """Mean softmax entropy of each query row over ``key``, per batch row.
+def softmax_entropy(
+    query: Tensor, key: Tensor, chunk_size: int, normalise: bool, key_mask: Tensor | None = None
+) -> Tensor:
+    """Mean softmax entropy of each query row over ``key`` (the unmasked keys), per batch row.
 
-    ``query`` ``(B, Q, H, D)``, ``key`` ``(B, K, H, D)`` (diffusers' layout); scale ``1/sqrt(D)`` as in
-    scaled-dot-product attention. Computed in fp32, ``chunk_size`` query rows at a time; returns ``(B,)``,
-    the mean over query rows and heads (divided by ``log K`` when ``normalise``).
+    ``query`` ``(B, Q, H, D)``, ``key`` ``(B, K, H, D)`` (diffusers' layout), ``key_mask`` ``(B, K)`` bool
+    (None: every key); scale ``1/sqrt(D)`` as in scaled-dot-product attention. Computed in fp32,
+    ``chunk_size`` query rows at a time; returns ``(B,)``, the mean over query rows and heads, divided by
+    ``log`` of the row's key count when ``normalise`` (0 with one key).
     """
     b, q_len, heads, dim = query.shape
     k = key.float().transpose(1, 2)  # (B, H, K, D)
+    keep = None if key_mask is None else key_mask.bool()[:, None, None, :]
     scale = 1.0 / math.sqrt(dim)
     total = torch.zeros(b, dtype=torch.float32, device=query.device)
     # fp32 even inside a bf16/fp16 autocast region (the backbone's forward runs under one)
@@ -30,13 +34,31 @@ def softmax_entropy(query: Tensor, key: Tensor, chunk_size: int, normalise: bool
         for start in range(0, q_len, chunk_size):
             q = query[:, start : start + chunk_size].float().transpose(1, 2)  # (B, H, c, D)
             logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+            if keep is not None:
+                logits = logits.masked_fill(~keep, float("-inf"))
             logp = torch.log_softmax(logits, dim=-1)
-            total += -(logp.exp() * logp).sum(-1).sum((1, 2))
+            plogp = logp.exp() * logp
+            if keep is not None:
+                plogp = plogp.masked_fill(~keep, 0.0)  # 0 log 0 = 0 for a masked key
+            total += -plogp.sum(-1).sum((1, 2))
     entropy = total / (q_len * heads)
-    if normalise:
+    if normalise and key_mask is None:
         n_keys = key.shape[1]
         entropy = entropy / math.log(n_keys) if n_keys > 1 else torch.zeros_like(entropy)
+    elif normalise:
+        counts = key_mask.sum(1)  # type: ignore[union-attr]
+        logk = torch.log(counts.float())
+        entropy = torch.where(counts > 1, entropy / logk.clamp_min(1e-12), torch.zeros_like(entropy))
     return entropy
+
+
+def block_attentions(transformer: nn.Module, streams: tuple[str, ...], base: str) -> list[Any]:
+    """The attention module of every block in the ``streams`` lists of ``transformer``, in that order (probe
+    order: layer ``i`` of a probe is the ``i``-th); a ``TypeError`` naming ``base`` when there is none."""
+    blocks = [block for stream in streams for block in getattr(transformer, stream, ())]
+    if not blocks:
+        raise TypeError(f"{type(transformer).__name__} has no {base} transformer blocks to probe")
+    return [block.attn for block in blocks]
 
 
 class EntropyRecorder:

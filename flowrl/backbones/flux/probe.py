@@ -24,7 +24,14 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
 from torch import Tensor, nn
 
-from flowrl.backbones.common.probe import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
+from flowrl.backbones.common.probe import (
+    EntropyRecorder,
+    block_attentions,
+    refuse,
+    softmax_entropy,
+    swapped_processors,
+    unwrap,
+)
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
@@ -92,10 +99,7 @@ class EntropyProbeProcessor(FluxAttnProcessor):
 
 def attention_modules(transformer: nn.Module) -> list[Any]:
     """Every attention module in probe order: double-stream blocks, then single-stream blocks."""
-    blocks = [*getattr(transformer, "transformer_blocks", ()), *getattr(transformer, "single_transformer_blocks", ())]
-    if not blocks:
-        raise TypeError(f"{type(transformer).__name__} has no FLUX transformer blocks to probe")
-    return [block.attn for block in blocks]
+    return block_attentions(transformer, ("transformer_blocks", "single_transformer_blocks"), "FLUX")
 
 
 @contextmanager

@@ -21,7 +21,7 @@ import attrs
 from attrs.validators import ge, gt
 
 from flowrl.backbones.common.checks import spec_problems
-from flowrl.backbones.common.pipeline import DType
+from flowrl.backbones.common.settings import DType
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
 from flowrl.backbones.flux.adapter import FluxAdapter
 from flowrl.choices import one_of

@@ -6,7 +6,7 @@ added text projections, like FLUX.1's) and ``Flux2ParallelSelfAttnProcessor`` in
 fused ``to_qkv_mlp_proj`` producing q, k, v and the MLP input; one fused ``to_out`` for attention and MLP). A
 probe pass swaps the chosen layers' processors for the subclasses below: each computes its output exactly as
 the original (same fused attention kernel, so the velocity is unchanged) and, on the side, the softmax entropy
-of image-query rows with flowrl's chunked fp32 softmax (:func:`~flowrl.backbones.flux.probe.softmax_entropy`).
+of image-query rows with flowrl's chunked fp32 softmax (:func:`~flowrl.backbones.common.probe.softmax_entropy`).
 
 The processors mirror diffusers 0.42's ``__call__`` bodies and use its private ``_get_qkv_projections``;
 ``tests/test_flux2.py`` checks that a probed forward gives the unprobed velocity.
@@ -28,7 +28,14 @@ from diffusers.models.transformers.transformer_flux2 import (
 )
 from torch import Tensor, nn
 
-from flowrl.backbones.common.probe import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
+from flowrl.backbones.common.probe import (
+    EntropyRecorder,
+    block_attentions,
+    refuse,
+    softmax_entropy,
+    swapped_processors,
+    unwrap,
+)
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
@@ -114,10 +121,7 @@ PROBES: dict[type, type] = {Flux2AttnProcessor: DoubleStreamProbe, Flux2Parallel
 
 def attention_modules(transformer: nn.Module) -> list[Any]:
     """Every attention module in probe order: double-stream blocks, then single-stream blocks."""
-    blocks = [*getattr(transformer, "transformer_blocks", ()), *getattr(transformer, "single_transformer_blocks", ())]
-    if not blocks:
-        raise TypeError(f"{type(transformer).__name__} has no FLUX.2 transformer blocks to probe")
-    return [block.attn for block in blocks]
+    return block_attentions(transformer, ("transformer_blocks", "single_transformer_blocks"), "FLUX.2")
 
 
 @contextmanager

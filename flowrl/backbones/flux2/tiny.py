@@ -32,7 +32,7 @@ import torch
 from attrs.validators import ge, gt, in_
 
 from flowrl.backbones.common.checks import spec_problems
-from flowrl.backbones.common.pipeline import DType, SigmaGrid
+from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
 from flowrl.backbones.flux2.adapter import BASE_TARGETS, Flux2Adapter, single_block_outputs
 from flowrl.choices import one_of

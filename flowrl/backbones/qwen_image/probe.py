@@ -17,7 +17,6 @@ The processor mirrors ``QwenDoubleStreamAttnProcessor2_0.__call__`` of diffusers
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,41 +29,15 @@ from diffusers.models.transformers.transformer_qwenimage import (
 )
 from torch import Tensor, nn
 
-from flowrl.backbones.common.probe import EntropyRecorder, refuse, swapped_processors, unwrap
+from flowrl.backbones.common.probe import (
+    EntropyRecorder,
+    block_attentions,
+    refuse,
+    softmax_entropy,
+    swapped_processors,
+    unwrap,
+)
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
-
-
-def masked_softmax_entropy(
-    query: Tensor, key: Tensor, key_mask: Tensor | None, chunk_size: int, normalise: bool
-) -> Tensor:
-    """Mean softmax entropy of each query row over the unmasked keys, per batch row ``(B,)``.
-
-    ``query`` ``(B, Q, H, D)``, ``key`` ``(B, K, H, D)``, ``key_mask`` ``(B, K)`` bool (None: every key);
-    scale ``1/sqrt(D)`` as in scaled-dot-product attention; fp32, ``chunk_size`` query rows at a time; the
-    mean over query rows and heads, divided by ``log`` of the row's key count when ``normalise``.
-    """
-    b, q_len, heads, dim = query.shape
-    k = key.float().transpose(1, 2)  # (B, H, K, D)
-    keep = None if key_mask is None else key_mask.bool()[:, None, None, :]
-    scale = 1.0 / math.sqrt(dim)
-    total = torch.zeros(b, dtype=torch.float32, device=query.device)
-    with torch.no_grad(), torch.autocast(device_type=query.device.type, enabled=False):
-        for start in range(0, q_len, chunk_size):
-            q = query[:, start : start + chunk_size].float().transpose(1, 2)  # (B, H, c, D)
-            logits = torch.matmul(q, k.transpose(-1, -2)) * scale
-            if keep is not None:
-                logits = logits.masked_fill(~keep, float("-inf"))
-            logp = torch.log_softmax(logits, dim=-1)
-            plogp = logp.exp() * logp
-            if keep is not None:
-                plogp = plogp.masked_fill(~keep, 0.0)  # 0 log 0 = 0 for a masked key
-            total += -plogp.sum(-1).sum((1, 2))
-    entropy = total / (q_len * heads)
-    if normalise:
-        n_keys = torch.full((b,), key.shape[1], device=query.device) if key_mask is None else key_mask.sum(1)
-        logk = torch.log(n_keys.float())
-        entropy = torch.where(n_keys > 1, entropy / logk.clamp_min(1e-12), torch.zeros_like(entropy))
-    return entropy
 
 
 class QwenEntropyProbeProcessor(QwenDoubleStreamAttnProcessor2_0):
@@ -133,15 +106,14 @@ class QwenEntropyProbeProcessor(QwenDoubleStreamAttnProcessor2_0):
         image_queries = query[:, seq_txt :: o.query_stride]
         if o.keys == "text":
             key, key_mask = key[:, :seq_txt], (None if key_mask is None else key_mask[:, :seq_txt])
-        self.recorder.add(self.layer, masked_softmax_entropy(image_queries, key, key_mask, o.chunk_size, o.normalise))
+        if key_mask is None:  # every key counts: normalised by the per-row key count, as with padded prompts
+            key_mask = torch.ones(key.shape[:2], dtype=torch.bool, device=key.device)
+        self.recorder.add(self.layer, softmax_entropy(image_queries, key, o.chunk_size, o.normalise, key_mask))
 
 
 def attention_modules(transformer: nn.Module) -> list[Any]:
     """The joint attention module of every dual-stream block, in order."""
-    blocks = list(getattr(transformer, "transformer_blocks", ()))
-    if not blocks:
-        raise TypeError(f"{type(transformer).__name__} has no Qwen-Image transformer blocks to probe")
-    return [block.attn for block in blocks]
+    return block_attentions(transformer, ("transformer_blocks",), "Qwen-Image")
 
 
 @contextmanager

@@ -18,14 +18,8 @@ import torch
 from attrs.validators import ge, gt
 from torch import Tensor
 
-from flowrl.backbones.common.pipeline import (
-    DTYPES,
-    DType,
-    PipelineAdapter,
-    SigmaGrid,
-    load_from_pretrained,
-    unit_images,
-)
+from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
+from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.choices import one_of
 from flowrl.registry import register
 from flowrl.types import Conditioning

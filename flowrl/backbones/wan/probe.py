@@ -9,7 +9,7 @@ query over the prompt's tokens, padding included, as the model attends to them).
 A probe pass swaps the chosen layers' ``WanAttnProcessor`` for :class:`WanEntropyProbeProcessor`, which lets
 the original processor compute the layer's output (so the velocity is unchanged, bit for bit) and, on the
 side and without gradient, recomputes the layer's queries and keys to record the softmax entropy
-(:func:`flowrl.backbones.flux.probe.softmax_entropy`). It uses one private helper of diffusers 0.42
+(:func:`flowrl.backbones.common.probe.softmax_entropy`). It uses one private helper of diffusers 0.42
 (``transformer_wan._get_qkv_projections``); ``tests/test_wan.py`` pins it. With classifier-free guidance the
 entropy is the conditional rows' (the batched ``[uncond; cond]`` forward's second half).
 """

@@ -23,7 +23,7 @@ import attrs
 from attrs.validators import ge, gt
 
 from flowrl.backbones.common.checks import spec_problems
-from flowrl.backbones.common.pipeline import DType, SigmaGrid
+from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, t5_settings
 from flowrl.backbones.wan.adapter import TEMPORAL, WanAdapter, frame_problems
 from flowrl.choices import one_of
