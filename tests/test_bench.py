@@ -458,3 +458,20 @@ def test_the_leaderboard_ranks_every_method_of_a_report(
     assert by_name["ref"][-1] == "(reference) |" and by_name["fast"][2] == "Fast" and by_name["slow"][2] == "slow"
     assert flowrl_main(["bench-leaderboard", str(tmp_path)]) == 2
     assert "results.json: no such file" in capsys.readouterr().err
+
+
+def test_results_md_says_what_was_run_and_what_an_interval_without_a_mean_value_is(
+    runs: dict[str, dict[int, Path]]
+) -> None:
+    """The pairwise note counts the seeds that were run (not a fixed "3 to 5"); a ratio the mean curve never
+    reaches but some resamples do reads as such, not as "not reached [0.73, 0.73]"."""
+    results = build_results(runs)
+    md = markdown(results)
+    assert "Seeds are the samples (2 per method)" in md
+    three = build_results({**runs, "ref": {**runs["ref"], 9: runs["ref"][min(runs["ref"])]}})
+    assert "Seeds are the samples (2 to 3 per method)" in markdown(three)
+    cell = results["reach_ratios"]["ref"]["slow"]
+    cell.update(ratio=None, why="not reached", low=0.73, high=0.73, undefined=0.9)
+    line = next(row for row in markdown(results).splitlines() if row.startswith("| slow |") and "resamples" in row)
+    assert "not reached by the mean curve; 10% of resamples reach it, [0.73, 0.73]" in line
+    assert "not reached [0.73" not in markdown(results)

@@ -75,6 +75,21 @@ def test_entropy_writes_a_plot_only_when_asked(tmp_path: Path) -> None:
     assert out.returncode == 0 and (tmp_path / "e.png").stat().st_size > 1000
 
 
+def test_entropy_says_when_the_last_unit_became_an_ode_step(tmp_path: Path) -> None:
+    """DanceGRPO's selector makes every step SDE; with schedule.final_sde = false the last one is an ODE step,
+    and the listing of one unit fewer says so (it used to list 15 of 16 without a word)."""
+    out = flowrl_cli("entropy", str(ROOT / "recipes" / "dance_grpo.toml"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    listed = next(line for line in lines if line.startswith("units (start, merge)"))
+    n = lines[0].split("N = ")[1].split(",")[0]
+    assert listed.split(": ", 1)[1].count("(") == int(n) - 1
+    assert f"(the selector chose {n}; its last, ({int(n) - 1}, 1), ends at noise level 0 untrained" in out.stdout
+    out = flowrl_cli("entropy", str(ROOT / "recipes" / "dance_grpo.toml"), "--set", "schedule.final_sde=true",
+                     cwd=tmp_path)
+    assert out.returncode == 0 and "the selector chose" not in out.stdout
+
+
 def test_a_plot_needs_a_file_name_with_its_format(tmp_path: Path) -> None:
     # matplotlib would write "outdir.png" for "outdir" while the command said "wrote outdir"
     out = flowrl_cli("entropy", str(ROOT / "recipes" / "egrpo.toml"), "--plot", "outdir", cwd=tmp_path)
@@ -111,12 +126,14 @@ def test_entropy_tabulates_the_backbones_own_grid(tmp_path: Path) -> None:
     samples it; a model not on this machine is tabulated on flowrl's grid, and the command says so."""
     out = flowrl_cli("entropy", str(ROOT / "recipes" / "smoke" / "flux2.toml"), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "grid: the backbone's (diffusers)" in out.stderr
+    header = out.stdout.splitlines()[0]
+    assert "grid: the backbone's (diffusers), as training samples it; schedule.shift is not used" in header
+    assert "shift = " not in header
     backbone = flowrl.build("backbone", {"type": "tiny_flux2", "resolution": 32, "max_sequence_length": 16})
     step1 = next(line.split() for line in out.stdout.splitlines() if line.split()[:1] == ["1"])
     assert float(step1[1]) == round(backbone.schedule_sigmas(6, 3.0)[1], 3)
     out = flowrl_cli("entropy", str(ROOT / "recipes" / "flux2" / "egrpo_hps.toml"), cwd=tmp_path)
-    assert out.returncode == 0 and "not the backbone's 'diffusers' one" in out.stderr
+    assert out.returncode == 0 and "not the backbone's 'diffusers' one" in out.stdout.splitlines()[0]
 
 
 def test_ls_a_part_prints_its_settings() -> None:

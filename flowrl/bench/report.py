@@ -215,6 +215,16 @@ def _fmt(value: float | None, spec: str = ".4g", missing: str = "—") -> str:
     return missing if value is None else format(value, spec)
 
 
+def _bootstrap_cell(cell: Mapping[str, Any], value: str, spec: str) -> str:
+    """A ratio or NFE cell: the value with its [95% bootstrap], and the share of resamples without one. Where the
+    mean curve has no value but some resamples do, the interval is theirs and the cell says so."""
+    interval = f"[{_fmt(cell['low'], spec)}, {_fmt(cell['high'], spec)}]" if cell["low"] is not None else ""
+    if value in ("not reached", "no gain") and interval:
+        return f"{value} by the mean curve; {1 - cell['undefined']:.0%} of resamples reach it, {interval}"
+    undef = f" undef {cell['undefined']:.0%}" if cell.get("undefined") else ""
+    return f"{value}{' ' + interval if interval else ''}{undef}"
+
+
 def markdown(results: Mapping[str, Any]) -> str:
     """``results.md``: the method table, the other final figures, the pairwise tests and the NFE ratios."""
     metric, reference = results["metric"], results["reference"]
@@ -284,7 +294,9 @@ def _pairwise_table(results: Mapping[str, Any]) -> list[str]:
         cells = [r["a"], r["b"], _fmt(r["diff"], "+.4f"), _fmt(r["se"], ".4f"), _fmt(r["t"], ".2f"),
                  _fmt(r["df"], ".1f"), _fmt(r["p"], ".3g"), "yes" if r["significant"] else "no"]
         lines.append("| " + " | ".join(cells) + " |")
-    note = "Seeds are the samples (3 to 5 per method): a difference not flagged is not shown, not absent."
+    counts = sorted({m["final_score"]["n"] for m in results["methods"].values()})
+    per = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    note = f"Seeds are the samples ({per} per method): a difference not flagged is not shown, not absent."
     return [*lines, "", note, ""]
 
 
@@ -308,9 +320,7 @@ def _ratio_table(results: Mapping[str, Any]) -> list[str]:
             if m == r or cell is None:
                 cells.append("—")
                 continue
-            ci = f" [{_fmt(cell['low'], '.2f')}, {_fmt(cell['high'], '.2f')}]" if cell["low"] is not None else ""
-            undef = f" undef {cell['undefined']:.0%}" if cell["undefined"] else ""
-            cells.append(f"{_fmt(cell['ratio'], '.2f', cell.get('why') or 'not reached')}{ci}{undef}")
+            cells.append(_bootstrap_cell(cell, _fmt(cell["ratio"], ".2f", cell.get("why") or "not reached"), ".2f"))
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     note = "\"no gain\": R's mean curve starts at or above its final level, so R needed 0 NFE: no ratio exists."
     lines += ["", note, ""]
@@ -343,8 +353,7 @@ def _axes_table(results: Mapping[str, Any]) -> list[str]:
             if cell is None:
                 cells.append("—")
                 continue
-            ci = f" [{_fmt(cell['low'], '.2f')}, {_fmt(cell['high'], '.2f')}]" if cell["low"] is not None else ""
-            cells.append(_fmt(cell["ratio"], ".2f", cell.get("why") or "not reached") + ci)
+            cells.append(_bootstrap_cell(cell, _fmt(cell["ratio"], ".2f", cell.get("why") or "not reached"), ".2f"))
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
@@ -362,9 +371,7 @@ def _levels_table(results: Mapping[str, Any]) -> list[str]:
     for name, rows in levels["methods"].items():
         cells = []
         for row in rows:
-            ci = f" [{_fmt(row['low'], '.0f')}, {_fmt(row['high'], '.0f')}]" if row["low"] is not None else ""
-            undef = f" undef {row['undefined']:.0%}" if row["undefined"] else ""
-            cells.append(f"{_fmt(row['nfe'], '.0f', 'not reached')}{ci}{undef}")
+            cells.append(_bootstrap_cell(row, _fmt(row["nfe"], ".0f", "not reached"), ".0f"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 

@@ -106,23 +106,29 @@ def entropy(args: argparse.Namespace) -> int:
     grid = recipe.schedule
     sigmas = tuple(float(s) for s in shifted_sigmas(grid.num_steps, grid.shift))
     backbone_grid = getattr(recipe.parts["backbone"].config, "grid", "uniform")
+    on_grid = f"shift = {grid.shift}"
     if backbone_grid != "uniform":  # the pipeline's own grid (a dynamic shift): the model's config gives it
         try:
             sigmas = tuple(float(s) for s in recipe.build("backbone").schedule_sigmas(grid.num_steps, grid.shift))
-            print(f"grid: the backbone's ({backbone_grid}), as training samples it", file=sys.stderr)
+            on_grid = f"grid: the backbone's ({backbone_grid}), as training samples it; schedule.shift is not used"
         except OSError:  # the model is not on this machine: say which grid the table is of
-            print(f"grid: flowrl's shifted grid (shift {grid.shift}), not the backbone's '{backbone_grid}' one,"
-                  " which needs the model's files on this machine", file=sys.stderr)
+            on_grid = (f"grid: flowrl's shifted grid (shift {grid.shift}), not the backbone's '{backbone_grid}' one,"
+                       " which needs the model's files on this machine")
     schedule = Schedule(sigmas, recipe.build("kernel"))
     generator, selector = torch.Generator().manual_seed(recipe.seed), recipe.parts["selector"].type
-    plan = iteration_plan(recipe.build("selector"), schedule, 0, generator, grid.final_sde, selector)
+    chosen = iteration_plan(recipe.build("selector"), schedule, 0, generator, True, selector)
+    plan = chosen if grid.final_sde else chosen.finish_by_ode(grid.num_steps)
     units = [(u.start, u.merge) for u in plan.units]
     rows = entropy_table(schedule, max(1, args.max_merge))
     kernel = recipe.parts["kernel"]
-    print(f"{recipe.name}: {kernel.type} {kernel.to_table()}, N = {grid.num_steps}, shift = {grid.shift}")
+    print(f"{recipe.name}: {kernel.type} {kernel.to_table()}, N = {grid.num_steps}, {on_grid}")
     print("h_mK: per-dimension entropy (nats) of one jump from this step over K steps")
     print(format_table(rows))
     print(f"units (start, merge) chosen by the selector at iteration 0: {units}")
+    if len(plan.units) < len(chosen.units):
+        last = chosen.units[-1]
+        print(f"  (the selector chose {len(chosen.units)}; its last, ({last.start}, {last.merge}), ends at noise"
+              " level 0 untrained, so that step is an ODE step: schedule.final_sde = false)")
     print(f"trained: {[units[k] for k in plan.trained]}")
     if args.plot:
         title = f"{recipe.name}: entropy per timestep ({kernel.type})"
