@@ -1,0 +1,180 @@
+"""Writing the hand-on folder of one checkpoint (``flowrl export``).
+
+The folder is assembled beside ``out`` under a hidden name and renamed into place once complete, so an export
+that fails (a full disk, a model that cannot be merged) leaves nothing half-written; an ``out`` that exists and
+holds files is refused, never overwritten.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flowrl.errors import UserError
+from flowrl.export.card import CardFacts, Figure, model_card
+from flowrl.trainer.runfolder import read_metrics
+
+SAMPLE_PROMPTS = 4  # grid rows when no --prompt is given: the first held-out prompts
+BUILT_IN_LICENCE = "apache-2.0"  # flowrl's own licence, which its built-in and tiny models are under
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ExportError(UserError):
+    """An export that cannot be made as asked: one line, exit status 2."""
+
+
+def run_folder_of(checkpoint: Path) -> Path | None:
+    """The run folder holding ``checkpoint`` (``RUN/checkpoints/<name>``), or None for a checkpoint moved out."""
+    parent = checkpoint.parent
+    return parent.parent if parent.name == "checkpoints" else None
+
+
+def _front_matter_licence(readme: Path) -> str | None:
+    """The ``license:`` of a model card's YAML front matter."""
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("---"):
+        return None
+    for line in text.split("---", 2)[1].splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "license" and value.strip():
+            return value.strip().strip("'\"")
+    return None
+
+
+def base_licence(backbone_type: str, base: str) -> tuple[str, str]:
+    """(licence, a sentence on where it comes from) for the base model: flowrl's own for its built-in models, the
+    base's model card where one is on this machine (a local folder's README.md, or the hub cache's), else
+    "other" with a pointer to the base's page."""
+    if backbone_type == "world_tiny" or backbone_type.startswith("tiny_"):
+        return BUILT_IN_LICENCE, (f"`{backbone_type}` is one of flowrl's own models (built or pre-trained by flowrl's"
+                                  " code), under flowrl's licence, Apache-2.0; so is this folder.")
+    readme: Path | None = Path(base) / "README.md" if Path(base).is_dir() else None
+    if readme is None and HUB_ID.match(base):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(base, "README.md")
+            readme = Path(cached) if isinstance(cached, str) else None
+        except Exception:  # no cache, or an id the hub library refuses: the licence stays unknown
+            readme = None
+    found = _front_matter_licence(readme) if readme is not None else None
+    if found:
+        return found, (f"These weights derive from `{base}`, whose model card gives the licence `{found}`; its terms"
+                       " apply to them. Read them on the base's page before you share or use the weights.")
+    return "other", (f"These weights derive from `{base}`, and its licence applies to them; flowrl found no licence in"
+                     " the base's files on this machine, so read it on the base's page before you share them.")
+
+
+def _figures(run: Path | None, step: int) -> tuple[Figure, ...]:
+    """Every top-level held-out figure with its standard error, at step 0 and at ``step``."""
+    rows = read_metrics(run / "metrics.jsonl") if run is not None and (run / "metrics.jsonl").is_file() else []
+    evals = {int(r["step"]): r for r in rows if any(k.startswith("eval/") for k in r)}
+    if not evals:
+        return ()
+    names = [k for row in evals.values() for k, v in row.items()
+             if k.startswith("eval/") and k.count("/") == 1 and not k.endswith("_se") and isinstance(v, int | float)]
+    names = list(dict.fromkeys(names))
+
+    def at(row: dict[str, Any] | None, key: str) -> tuple[float, float] | None:
+        if row is None or not isinstance(row.get(key), int | float):
+            return None
+        se = row.get(f"{key}_se")
+        return float(row[key]), float(se) if isinstance(se, int | float) else float("nan")
+
+    return tuple(Figure(k, at(evals.get(0), k), at(evals.get(step), k)) for k in names)
+
+
+def _suites(run: Path | None) -> tuple[str, ...]:
+    if run is None:
+        return ()
+    return tuple(p.read_text(encoding="utf-8") for p in sorted((run / "suites").glob("comparison-*/comparison.md")))
+
+
+def _write_weights(loaded: Any, staging: Path, full_weights: bool) -> None:
+    from flowrl.backbones.lora.export import export_lora
+
+    transformer = loaded.backbone.transformer
+    if loaded.recipe.lora is not None:
+        if export_lora(loaded.backbone, staging / "lora") is None:
+            raise ExportError(f"the backbone '{loaded.recipe.parts['backbone'].type}' has no diffusers pipeline to"
+                              " write a LoRA folder with")
+        if not full_weights:
+            return
+        transformer.fuse_lora()  # the adapters' product into the base weights (scale alpha / rank), then off
+        transformer.unload_lora()
+    if not hasattr(transformer, "save_pretrained"):
+        raise ExportError(f"the transformer of '{loaded.recipe.parts['backbone'].type}' is no diffusers model;"
+                          " it cannot be written as a transformer folder")
+    transformer.save_pretrained(staging / "transformer", safe_serialization=True)
+
+
+def _write_samples(loaded: Any, staging: Path, prompts: Sequence[str], per_prompt: int) -> str:
+    from flowrl.trainer.logger import save_grid_animation, save_grid_png
+    from flowrl.video import is_clip
+
+    images = loaded.images([p for p in prompts for _ in range(per_prompt)], seed=0)
+    if not is_clip(images):
+        save_grid_png(images, rows=len(prompts), path=staging / "samples.png")
+        return "samples.png"
+    save_grid_animation(images, rows=len(prompts), path=staging / "samples.webp")
+    save_grid_png(images, rows=len(prompts), path=staging / "samples.png")
+    return "samples.webp"
+
+
+def export_checkpoint(
+    path: Path, out: Path, checkpoint: str = "last", full_weights: bool = False,
+    prompts: Sequence[str] = (), per_prompt: int = 4,
+) -> Path:
+    """Write the hand-on folder of a run's (or a checkpoint folder's) checkpoint into ``out``; returns ``out``.
+    ``prompts``: the sample grid's rows (default: the first held-out prompts; none: no grid when
+    ``per_prompt`` is 0)."""
+    from flowrl.loading import load_policy
+
+    path, out = Path(path), Path(out)
+    if path.suffix == ".toml":
+        raise ExportError(f"{path}: export takes a run or checkpoint folder (a recipe has no trained weights)")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"--out {out}: exists and is not empty; choose a new folder (nothing is overwritten)")
+    loaded = load_policy(path, checkpoint=checkpoint)
+    source = Path(loaded.source)
+    run = run_folder_of(source)
+    backbone_config = loaded.recipe.parts["backbone"]
+    base = str(getattr(backbone_config.config, "path", "") or backbone_config.type)
+    licence, note = base_licence(backbone_config.type, base)
+    rows = list(prompts) or (loaded.prompts.heldout() or [])[:SAMPLE_PROMPTS]
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _write_weights(loaded, staging, full_weights)
+        shutil.copyfile(source / "recipe.toml", staging / "recipe.toml")
+        sample_file = _write_samples(loaded, staging, rows, per_prompt) if rows and per_prompt > 0 else ""
+        last = read_metrics(run / "metrics.jsonl")[-1] if run is not None and (run / "metrics.jsonl").is_file() else {}
+        recipe = loaded.recipe
+        facts = CardFacts(
+            name=recipe.name, base=base, base_is_hub_id=bool(HUB_ID.match(base)) and not Path(base).exists(),
+            licence=licence, licence_note=note,
+            parts={kind: recipe.parts[kind].type for kind in ("selector", "sampler", "kernel", "advantage", "loss")},
+            rewards=tuple((r.name or r.type, r.weight) for r in recipe.rewards),
+            step=loaded.step, iterations=int(last.get("step", loaded.step)), nfe=int(last.get("nfe", 0)),
+            eval_steps=recipe.trainer.eval_steps, figures=_figures(run, loaded.step),
+            lora=recipe.lora is not None, full_weights=full_weights,
+            pipeline_class=type(getattr(loaded.backbone, "pipe", None)).__name__,
+            transformer_class=type(loaded.backbone.transformer).__name__,
+            video=sample_file.endswith(".webp"), sample_prompts=tuple(rows) if sample_file else (),
+            sample_file=sample_file, suites=_suites(run),
+        )
+        (staging / "README.md").write_text(model_card(facts), encoding="utf-8")
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
