@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import tiny_recipe
@@ -45,10 +46,20 @@ def test_the_report_of_a_short_run_holds_every_part(run: Path) -> None:
     page = (run / "report.html").read_text()
     for part in ("Alerts", "Curves", "Held-out samples over the run", "Resolved recipe", 'name = &quot;tiny&quot;',
                  "training reward", "KL to the initial policy", "within-group diversity", "iteration 4",
-                 "<li>a dog</li>"):
+                 '<th class="prompt">a dog</th>', 'alt="a dog at iteration 4"', "x axis: ", "Flat (not drawn"):
         assert part in page, part
     assert "http://" not in page and "https://" not in page  # self-contained: nothing to fetch
-    assert page.count("<img ") == 11 + 3  # 11 curve panels with data (no strict categories here), 3 grids
+    from flowrl.report.curves import panels
+    from flowrl.trainer.runfolder import read_metrics
+
+    drawn = [q for q in panels(read_metrics(run / "metrics.jsonl")) if not q.flat]
+    assert 6 <= len(drawn) <= 11
+    assert page.count("<img ") == 3 * len(drawn) + 3  # each panel on three x axes; 3 evaluations x 1 prompt
+    figures = run / "report_figures"
+    for panel in drawn:
+        assert (figures / f"{panel.slug}_step.png").stat().st_size > 10_000
+        assert (figures / f"{panel.slug}_step.pdf").read_bytes().startswith(b"%PDF")
+        assert f'href="report_figures/{panel.slug}_step.pdf"' in page
 
 
 @needs_browser
@@ -109,3 +120,96 @@ def test_the_report_shows_the_runs_suite_tables(run: Path, tmp_path: Path) -> No
     assert "<h2>Evaluation suites</h2>" in page and "world (NOT comparable" in page
     assert "<th>strict/single</th>" in page and "(+0.0000, p = 1)" in page  # the same weights twice: no difference
     assert 'alt="world comparison"' in page
+
+
+def _rows(n: int, **columns: Any) -> list[dict[str, Any]]:
+    rows = [{"step": s, "nfe": 100 * s, "wall_s": 1.5 * s} for s in range(1, n + 1)]
+    for key, values in columns.items():
+        for row, value in zip(rows, values, strict=True):
+            row[key] = value
+    return rows
+
+
+def test_flat_panels_are_listed_not_drawn() -> None:
+    """A clip fraction of 0 throughout and a loss that is float noise carry nothing: listed with what they held;
+    a loss that moves is drawn."""
+    from flowrl.report.curves import panels
+
+    rows = _rows(6, clip_frac=[0.0] * 6, loss=[1e-8, -2e-8, 3e-9, 0.0, 5e-9, -1e-8], grad_norm=[1, 2, 3, 2, 1, 2])
+    found = {q.spec.title: q.flat for q in panels(rows)}
+    assert found["clip fraction"] == "clip_frac: 0 at every logged iteration"
+    assert found["loss"] == "loss: |value| < 1e-06 throughout (float noise)"
+    assert found["gradient norm"] == ""
+    moving = {q.spec.title: q.flat for q in panels(_rows(3, loss=[0.1, 0.2, 0.15]))}
+    assert moving["loss"] == ""
+
+
+def test_one_reward_is_one_line_and_two_are_three() -> None:
+    from flowrl.report.curves import panels
+
+    one = _rows(3, **{"reward/total": [0.1, 0.2, 0.3], "reward/jpeg": [0.1, 0.2, 0.3]})
+    assert next(q for q in panels(one) if q.spec.title == "training reward").keys == ("reward/total",)
+    two = _rows(3, **{"reward/total": [0.3, 0.5, 0.7], "reward/a": [0.1, 0.2, 0.3], "reward/b": [0.2, 0.3, 0.4]})
+    assert set(next(q for q in panels(two) if q.spec.title == "training reward").keys) == {
+        "reward/total", "reward/a", "reward/b"}
+
+
+def test_axes_are_labelled_integer_and_no_narrower_than_the_noise() -> None:
+    """The y axis names its quantity; iteration ticks are whole numbers; a +-0.001 wobble with a standard error of
+    0.03 spans at least four standard errors (it used to fill the panel); few points are not joined by lines."""
+    from flowrl.report.curves import figure, panels
+
+    rows = _rows(3, **{"eval/strict": [0.500, 0.501, 0.499], "eval/strict_se": [0.03, 0.03, 0.03]})
+    panel = next(q for q in panels(rows) if q.spec.title == "held-out evaluation")
+    for x, label in (("step", "iteration"), ("nfe", "rollout NFE"), ("wall_s", "training seconds")):
+        ax = figure(rows, panel, x, []).axes[0]
+        assert ax.get_xlabel() == label and ax.get_ylabel() == "held-out figure (mean ± se)"
+        low, high = ax.get_ylim()
+        assert high - low >= 4 * 0.03 - 1e-12
+        line = ax.get_lines()[0]
+        assert line.get_linestyle() == "None" and line.get_marker() == "o"  # 3 points: markers only
+    ticks = figure(rows, panel, "step", []).axes[0].get_xticks()
+    assert all(float(t).is_integer() for t in ticks)
+    long = _rows(8, **{"eval/strict": [0.1 * k for k in range(8)]})
+    ax = figure(long, next(q for q in panels(long) if q.spec.title == "held-out evaluation"), "step", []).axes[0]
+    assert ax.get_lines()[0].get_linestyle() == "-"
+
+
+def test_sample_strips_are_cut_into_captioned_tiles_and_clips(tmp_path: Path) -> None:
+    """The strip of three prompts is cut at its gutters (each tile exactly one image); a video run's animated strip
+    is cut frame by frame into one animated clip per prompt."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    from flowrl.report.samples import sample_table
+    from flowrl.trainer.logger import write_grid
+
+    images = torch.stack([torch.full((3, 8, 8), v) for v in (0.0, 0.5, 1.0)])
+    write_grid((images, ["red", "grey", "white"]), tmp_path / "run" / "samples" / "step_000002.png")
+    found: list[tuple[bytes, str]] = []
+
+    def keep(data: bytes, alt: str, kind: str = "png") -> str:
+        found.append((data, kind))
+        return f"<img alt={alt!r}>"
+
+    html = "\n".join(sample_table(tmp_path / "run", keep))
+    assert [f'<th class="prompt">{p}</th>' in html for p in ("red", "grey", "white")] == [True] * 3
+    assert "'white at iteration 2'" in html
+    for (data, kind), value in zip(found, (0, 128, 255), strict=True):
+        tile = Image.open(io.BytesIO(data)).convert("RGB")
+        assert kind == "png" and tile.size == (32, 32) and set(tile.getdata()) == {(value,) * 3}
+    frames = [(0.0, 0.2), (0.8, 1.0)]  # 2 clips of 2 frames, each frame its own shade
+    clips = torch.stack([torch.stack([torch.full((3, 8, 8), v) for v in clip]) for clip in frames])
+    write_grid((clips, ["dark", "light"]), tmp_path / "video" / "samples" / "step_000000.png")
+    found.clear()
+    sample_table(tmp_path / "video", keep)
+    assert [kind for _, kind in found] == ["webp", "webp"]
+    with Image.open(io.BytesIO(found[1][0])) as clip:
+        assert clip.n_frames == 2 and clip.size == (32, 32)
+        shades = []
+        for k in range(2):
+            clip.seek(k)
+            shades.append(set(clip.convert("RGB").getdata()))
+        assert shades == [{(204,) * 3}, {(255,) * 3}]

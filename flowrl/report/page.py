@@ -1,9 +1,12 @@
 """``flowrl report RUN``: one self-contained HTML page about a run (every image inline, no network).
 
 The page holds, top to bottom: the run's figures (iterations, NFE, wall time, first / best / last held-out
-evaluation), its alerts with the iterations where each held, the curves (:mod:`flowrl.report.curves`), the
-held-out sample grids written at each evaluation (``samples/step_*.png``: the first 8 held-out prompts, the
-same initial noise every time), and the resolved recipe.
+evaluation), its alerts with the iterations where each held, the curves (:mod:`flowrl.report.curves`) with a
+switch of their x axis (iterations, rollout NFE, training seconds) and the list of flat figures, the held-out
+samples written at each evaluation (``samples/step_*.png``: the first 8 held-out prompts, the same initial noise
+every time) as a table with a row per evaluation and each prompt under its column
+(:mod:`flowrl.report.samples`), the suite tables, and the resolved recipe. Beside the page, ``<page>_figures/``
+holds every drawn panel as PNG (300 dpi) and PDF, for a paper.
 
 A small script at the end checks the page itself once it has loaded: it counts the images that failed to
 decode and the script errors, and writes the counts into ``<body data-check="...">``, so a headless browser
@@ -20,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.report import ReportError
-from flowrl.report.curves import draw_panels, series
+from flowrl.report.curves import AXES, draw_panels, export_panels, panels, series
+from flowrl.report.samples import sample_table
 from flowrl.report.suites import suite_section
 from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.writes import refused_writes
 
-MAX_GRIDS = 12  # sample grids shown, spread over the run (first and last always)
 CHECK_SCRIPT = """
 window.__reportErrors = [];
 window.addEventListener("error", function (event) {
@@ -42,9 +45,19 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1240px; color: #222; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 13px; } td, th { padding: 3px 10px; border-bottom: 1px solid #eee; }
-th { text-align: left; } .panels img { width: 400px; margin: 4px; }
-.grid { margin: 6px 0; } .grid img { max-width: 100%; image-rendering: pixelated; display: block; }
-.prompts { font-size: 13px; columns: 2; }
+th { text-align: left; } .panels img { width: 500px; margin: 4px; }
+.axis { display: none; } .switch { font-size: 13px; margin: 8px 0; } .switch label { margin-right: 14px; }
+#x-step:checked ~ .panels .by-step, #x-nfe:checked ~ .panels .by-nfe, #x-wall_s:checked ~ .panels .by-wall_s
+  { display: inline-block; }
+#x-step:checked ~ .switch [for=x-step], #x-nfe:checked ~ .switch [for=x-nfe],
+#x-wall_s:checked ~ .switch [for=x-wall_s] { font-weight: bold; text-decoration: underline; }
+.switch label { cursor: pointer; }
+.panels figure { display: inline-block; margin: 0; vertical-align: top; }
+.panels figcaption { font-size: 11px; text-align: right; margin-right: 8px; }
+.flat { font-size: 13px; color: #555; }
+table.samples td { vertical-align: top; padding: 2px; border: none; }
+table.samples img { width: 96px; image-rendering: pixelated; display: block; }
+table.samples th.prompt { font-size: 11px; font-weight: normal; width: 96px; vertical-align: bottom; }
 .alert { color: #a00; } .ok { color: #060; } pre { background: #f6f6f6; padding: 10px; font-size: 12px; }
 """
 
@@ -52,14 +65,6 @@ th { text-align: left; } .panels img { width: 400px; margin: 4px; }
 def _png(data: bytes, alt: str, kind: str = "png") -> str:
     encoded = base64.b64encode(data).decode("ascii")
     return f'<img alt="{html.escape(alt)}" src="data:image/{kind};base64,{encoded}">'
-
-
-def _grid(path: Path, alt: str) -> str:
-    """A sample grid: the animated clips (``.webp`` beside the PNG, a video base's) where written, else the PNG."""
-    animated = path.with_suffix(".webp")
-    if animated.is_file():
-        return _png(animated.read_bytes(), alt, "webp") + _png(path.read_bytes(), alt + " (frames)")
-    return _png(path.read_bytes(), alt)
 
 
 def alert_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
@@ -84,20 +89,6 @@ def spans(steps: Sequence[int]) -> str:
             parts.append(str(start) if start == prev else f"{start}-{prev}")
         start = prev = step
     return ", ".join(parts)
-
-
-def sample_grids(run_dir: Path) -> list[tuple[int, Path]]:
-    """``samples/step_*.png`` by step, at most :data:`MAX_GRIDS` spread evenly (first and last kept)."""
-    found = []
-    for path in (run_dir / "samples").glob("step_*.png"):
-        suffix = path.stem.removeprefix("step_")
-        if suffix.isdigit():
-            found.append((int(suffix), path))
-    found.sort()
-    if len(found) <= MAX_GRIDS:
-        return found
-    picks = sorted({round(i * (len(found) - 1) / (MAX_GRIDS - 1)) for i in range(MAX_GRIDS)})
-    return [found[i] for i in picks]
 
 
 def evaluation_key(rows: Sequence[Mapping[str, Any]]) -> str | None:
@@ -127,8 +118,34 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return out
 
 
-def render(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> str:
-    """The page's HTML for the run folder ``run_dir`` with metrics ``rows``."""
+def curves_section(rows: Sequence[Mapping[str, Any]], alerts: Mapping[str, Sequence[int]], figures: str) -> list[str]:
+    """The curves with their x-axis switch (radio inputs and CSS: no script), each panel linking to its print
+    files in the ``figures`` folder, and the flat figures listed."""
+    drawn = draw_panels(rows, alerts)
+    parts = ["<h2>Curves</h2>"]
+    parts += [f'<input type="radio" name="x" class="axis" id="x-{x}"{" checked" if x == "step" else ""}>'
+              for x, _ in AXES]
+    parts.append('<div class="switch">x axis: ' + "".join(f'<label for="x-{x}">{html.escape(label)}</label>'
+                                                          for x, label in AXES) + "</div>")
+    parts.append('<div class="panels">')
+    for panel, images in drawn:
+        for x, _ in AXES:
+            png = images.get(x, images["step"])  # a counter panel is drawn against iterations only
+            links = " ".join(f'<a href="{html.escape(figures)}/{panel.slug}_{x if x in images else "step"}{suffix}">'
+                             f"{suffix[1:].upper()}</a>" for suffix in (".png", ".pdf"))
+            parts.append(f'<figure class="axis by-{x}">{_png(png, panel.spec.title)}'
+                         f"<figcaption>print: {links}</figcaption></figure>")
+    parts.append("</div>")
+    flat = [p for p in panels(rows) if p.flat]
+    if flat:
+        parts.append('<p class="flat">Flat (not drawn: nothing moved): '
+                     + "; ".join(f"<b>{html.escape(p.spec.title)}</b>: {html.escape(p.flat)}" for p in flat) + "</p>")
+    return parts
+
+
+def render(run_dir: Path, rows: Sequence[Mapping[str, Any]], figures: str = "report_figures") -> str:
+    """The page's HTML for the run folder ``run_dir`` with metrics ``rows``; ``figures``: the folder of the print
+    files, relative to the page."""
     recipe_file = run_dir / "recipe.toml"
     recipe = recipe_file.read_text(encoding="utf-8", errors="replace") if recipe_file.is_file() else ""
     name = next((line.split("=", 1)[1].strip().strip('"') for line in recipe.splitlines()
@@ -152,22 +169,8 @@ def render(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> str:
         parts.append("</ul><p>Red bands on the curves mark the iterations with an alert. Look at the samples.</p>")
     else:
         parts.append('<p class="ok">No alert was raised (alert/diversity, alert/reward_vs_eval).</p>')
-    parts += ["<h2>Curves</h2>", '<div class="panels">']
-    parts += [_png(png, title) for title, png in draw_panels(rows, alerts)]
-    parts.append("</div>")
-    grids = sample_grids(run_dir)
-    parts.append("<h2>Held-out samples over the run</h2>")
-    if grids:
-        parts.append("<p>The first 8 held-out prompts, deterministic ODE samples from the same noise at each "
-                     "evaluation.</p>")
-        listed = run_dir / "samples" / "prompts.txt"
-        if listed.is_file():
-            names = [line for line in listed.read_text(encoding="utf-8").splitlines() if line]
-            parts.append("<ol class=\"prompts\">" + "".join(f"<li>{html.escape(n)}</li>" for n in names) + "</ol>")
-        for step, path in grids:
-            parts.append(f'<div class="grid">iteration {step}{_grid(path, f"samples at {step}")}</div>')
-    else:
-        parts.append("<p>None written (they are saved at each evaluation when trainer.image_every &gt; 0).</p>")
+    parts += curves_section(rows, alerts, figures)
+    parts += sample_table(run_dir, _png)
     parts += suite_section(run_dir)
     parts += ["<h2>Resolved recipe</h2>", f"<pre>{html.escape(recipe) or '(no recipe.toml)'}</pre>", "</body></html>"]
     return "\n".join(parts)
@@ -187,7 +190,8 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         raise ReportError(f"--out {out}: is a folder; give a file name such as {out / 'report.html'}")
     if not out.parent.is_dir():
         raise ReportError(f"--out {out}: folder {out.parent} does not exist")
-    page = render(run_dir, rows)
+    figures = out.with_name(out.stem + "_figures")
+    page = render(run_dir, rows, figures.name)
     tmp = out.with_name(out.name + ".tmp")
     with refused_writes(out, "free space or choose another --out"):
         try:
@@ -195,6 +199,8 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
             tmp.replace(out)
         finally:
             tmp.unlink(missing_ok=True)
+    with refused_writes(figures, "free space or choose another --out"):
+        export_panels(rows, alert_steps(rows), figures)
     return out
 
 
