@@ -220,5 +220,5 @@ def report(args: argparse.Namespace) -> int:
     from flowrl.report.page import write_report
 
     out = write_report(Path(args.run), Path(args.out) if args.out else None)
-    print(f"wrote {out}")
+    print(f"wrote {out} (and every panel as PNG and PDF in {out.with_name(out.stem + '_figures')})")
     return 0
