@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from flowrl.contracts import refuses
 from flowrl.errors import PartError
+from flowrl.levels import accepting_floats, as_levels
 from flowrl.rng import RolloutRNG
 from flowrl.types import (
     Advantages,
@@ -76,12 +77,18 @@ class Component:
 class TransitionKernel(Component, ABC):
     """A denoising transition ``x_s -> x_{s_next}``: a Gaussian with a mean and a std (std 0: ODE)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "mean_std" in cls.__dict__:  # every kernel's mean_std also takes its noise levels as plain numbers
+            cls.mean_std = accepting_floats(cls.__dict__["mean_std"])  # type: ignore[method-assign]
+
     @abstractmethod
     def mean_std(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float) -> tuple[Tensor, Tensor]:
         """Mean (shaped like ``x``) and std (shape ``(B,)``) of the next latent, in fp32.
 
-        ``s`` and ``s_next`` have shape ``(B,)``; ``v`` is the predicted velocity; ``s_at_one`` is the
-        grid's second noise level (Flow-GRPO uses it where ``1 - s`` is 0).
+        ``x`` and ``v`` (the predicted velocity) are latents ``(B, ...)``; ``s`` and ``s_next`` float tensors of
+        shape ``(B,)`` (a number, e.g. ``schedule.sigmas[i]``, is taken for every row); ``s_at_one`` is the
+        grid's second noise level (``schedule.s_at_one``; Flow-GRPO uses it where ``1 - s`` is 0).
         """
 
     def step(self, x: Tensor, v: Tensor, s: Tensor, s_next: Tensor, s_at_one: float, noise: Tensor) -> StepOutput:
@@ -95,9 +102,12 @@ class TransitionKernel(Component, ABC):
         return gaussian_log_prob(x, mean, std)
 
     def std_only(self, s: Tensor, s_next: Tensor, s_at_one: float) -> Tensor:
-        """The std alone (it never depends on the latent); used for entropy analysis."""
-        shape = (s.shape[0], 1)
-        zeros = torch.zeros(shape)
+        """The std alone ``(B,)`` (it never depends on the latent); used for entropy analysis. ``s`` and ``s_next``:
+        float tensors ``(B,)``, or numbers (one row)."""
+        batch = next((int(t.shape[0]) for t in (s, s_next) if isinstance(t, Tensor)), 1)
+        s = as_levels(s, batch, "cpu", f"{type(self).__name__}.std_only: s")
+        s_next = as_levels(s_next, batch, "cpu", f"{type(self).__name__}.std_only: s_next")
+        zeros = torch.zeros((s.shape[0], 1))
         return self.mean_std(zeros, zeros, s.float(), s_next.float(), s_at_one)[1]
 
 

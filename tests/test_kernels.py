@@ -186,3 +186,23 @@ def test_cps_official_log_prob_is_the_gaussian_one_times_two_std_squared() -> No
     torch.testing.assert_close(ratio_o, ratio_g * 2 * std**2, rtol=1e-4, atol=1e-6)  # fp32 differences
     last = official.log_prob(out.next, out.mean, torch.zeros(4))  # std 0: a point mass, as the Gaussian form
     assert torch.isinf(last).all()
+
+
+@pytest.mark.parametrize("name", ["flow_grpo_sde", "dance_grpo_sde", "cps", "ode"])
+def test_noise_levels_may_be_plain_numbers(name: str) -> None:
+    """`schedule.sigmas[i]` is a float: every kernel's mean_std and std_only take it for every row (it used to fail
+    deep inside with "'float' object has no attribute 'to'"), give exactly what the (B,) tensor gives, and refuse
+    anything else in one line naming the argument."""
+    import flowrl
+
+    kernel = flowrl.build("kernel", {"type": name})
+    sigmas = tuple(shifted_sigmas(10, 3.0).tolist())
+    x, v = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    rows = torch.full((3,), sigmas[2]), torch.full((3,), sigmas[3])
+    by_tensor = kernel.mean_std(x, v, *rows, sigmas[1])
+    for given in ((sigmas[2], sigmas[3]), ([sigmas[2]] * 3, [sigmas[3]] * 3)):
+        by_number = kernel.mean_std(x, v, *given, sigmas[1])
+        assert torch.equal(by_number[0], by_tensor[0]) and torch.equal(by_number[1], by_tensor[1])
+    assert torch.equal(kernel.std_only(sigmas[2], sigmas[3], sigmas[1]), by_tensor[1][:1])
+    with pytest.raises(TypeError, match=r"mean_std: s_next: expected a noise level as a float tensor of shape \(3,\)"):
+        kernel.mean_std(x, v, sigmas[2], "0.5", sigmas[1])
