@@ -14,7 +14,7 @@ from flowrl.evaluate import evaluate, ode_images
 from flowrl.interfaces import Backbone, PromptSource
 from flowrl.recipe import Recipe, load_recipe
 from flowrl.rewards.built import BuiltReward
-from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, load_weights_into
+from flowrl.trainer.checkpoints.folder import CheckpointError, find_checkpoint, load_checkpoint, load_weights_into
 from flowrl.trainer.lora import add_lora, own_lora
 from flowrl.trainer.rewards import reward_models
 from flowrl.types import Schedule

@@ -21,9 +21,10 @@ from flowrl import RewardModel
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.rewards.frames import eval_pictures, score_pictures
 from flowrl.rewards.http import Endpoint, RewardServerUnavailable
-from flowrl.trainer import Trainer, saving
-from flowrl.trainer import checkpoint as checkpoint_module
-from flowrl.trainer.checkpoint import find_checkpoint, list_checkpoints, save_checkpoint
+from flowrl.trainer import Trainer
+from flowrl.trainer.checkpoints import folder as checkpoint_module
+from flowrl.trainer.checkpoints import saving
+from flowrl.trainer.checkpoints.folder import find_checkpoint, list_checkpoints, save_checkpoint
 from flowrl.trainer.runfolder import check_history
 from flowrl.trainer.summary import run_summary
 from flowrl.trainer.writes import WriteRefused

@@ -218,7 +218,7 @@ def test_resume_drops_a_torn_last_metrics_line(tmp_path: Path) -> None:
 def test_a_checkpoint_appears_whole_or_not_at_all(tmp_path: Path) -> None:
     """The recipe, LoRA export and samples are written into the staging folder before its rename: a kill at any
     moment cannot leave a step folder whose recipe.toml is missing or cut (a resume would then refuse it)."""
-    from flowrl.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from flowrl.trainer.checkpoints.folder import load_checkpoint, save_checkpoint
 
     folder = tmp_path / "checkpoints" / "step_000001"
     seen: list[bool] = []

@@ -150,7 +150,7 @@ def _full(filename: str = "") -> OSError:
 
 
 def _checkpoints(monkeypatch: pytest.MonkeyPatch, run: Path) -> str:
-    from flowrl.trainer import checkpoint
+    from flowrl.trainer.checkpoints import folder as checkpoint
 
     real = checkpoint.save_file
 
@@ -166,7 +166,8 @@ def _checkpoints(monkeypatch: pytest.MonkeyPatch, run: Path) -> str:
 def _best(monkeypatch: pytest.MonkeyPatch, run: Path) -> str:
     """Each evaluation beats the last (its figure is the step), so best is replaced after every iteration; the
     replacement after iteration 2 is refused: the best of iteration 1 must survive it."""
-    from flowrl.trainer import checkpoint, heldout
+    from flowrl.trainer import heldout
+    from flowrl.trainer.checkpoints import folder as checkpoint
 
     real_evaluate = heldout.HeldOut.evaluate
 

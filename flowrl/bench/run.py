@@ -138,7 +138,7 @@ def changes_since(run_dir: Path, recipe: Recipe) -> list[tuple[str, Any, Any]] |
     when the folder has no recipe this version reads (the run is then trained again)."""
     import tomllib
 
-    from flowrl.trainer.resume import recipe_changes, saved_settings
+    from flowrl.trainer.checkpoints.resume import recipe_changes, saved_settings
 
     saved = run_dir / "recipe.toml"
     if not saved.is_file():

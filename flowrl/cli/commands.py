@@ -12,7 +12,7 @@ from pathlib import Path
 from flowrl.errors import UserError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, registry, summary
-from flowrl.trainer.checkpoint import CheckpointError, find_checkpoint
+from flowrl.trainer.checkpoints.folder import CheckpointError, find_checkpoint
 from flowrl.trainer.runfolder import RunFolderError
 
 USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 2 (flowrl.errors)

@@ -135,7 +135,7 @@ def policy_for(path: Path, protocol: Any, lora: str = "") -> tuple[Any, Any]:
 
     from flowrl.loading import load_policy
     from flowrl.recipe import load_recipe
-    from flowrl.trainer.checkpoint import find_checkpoint
+    from flowrl.trainer.checkpoints.folder import find_checkpoint
     from flowrl.types import Schedule
 
     recipe_file = path if path.suffix == ".toml" else find_checkpoint(path) / "recipe.toml"

@@ -30,7 +30,7 @@ class RemoteRewardError(RewardError):
 
 class RewardServerUnavailable(RemoteRewardError):
     """The reward server did not answer after every retry (down, unreachable, too slow, or failing with 5xx);
-    the trainer writes a checkpoint of the iteration's start before it stops (flowrl.trainer.restart)."""
+    the trainer writes a checkpoint of the iteration's start before it stops (flowrl.trainer.checkpoints.restart)."""
 
 
 def _server_message(error: urllib.error.HTTPError) -> str:

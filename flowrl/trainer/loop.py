@@ -25,7 +25,10 @@ from flowrl.recipe import Recipe
 from flowrl.rng import generator
 from flowrl.trainer.advantage import global_advantages
 from flowrl.trainer.budget import Budget
-from flowrl.trainer.checkpoint import find_checkpoint, list_checkpoints
+from flowrl.trainer.checkpoints.folder import find_checkpoint, list_checkpoints
+from flowrl.trainer.checkpoints.restart import RestartPoint
+from flowrl.trainer.checkpoints.resume import check_resume, record_resume
+from flowrl.trainer.checkpoints.saving import RunCheckpoints, best_figure
 from flowrl.trainer.distributed import reduce_metrics
 from flowrl.trainer.drift import policy_drift
 from flowrl.trainer.errors import NothingTrainedError, RunInterrupted
@@ -38,13 +41,10 @@ from flowrl.trainer.metrics import iteration_metrics
 from flowrl.trainer.overlap import OverlappedSampler, overlapped
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.reference import no_reference
-from flowrl.trainer.restart import RestartPoint
-from flowrl.trainer.resume import check_resume, record_resume
 from flowrl.trainer.retain import Retention
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.rollout import RolloutPhase
 from flowrl.trainer.runfolder import already_a_run, lock_run_folder
-from flowrl.trainer.saving import RunCheckpoints, best_figure
 from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything
 from flowrl.trainer.trackers import check_trackers
@@ -287,7 +287,7 @@ class Trainer:
         """Optimizer steps taken since this process started (or resumed) the run."""
         return self.updater.updates
 
-    # -- checkpoints (flowrl.trainer.saving) -----------------------------------------------------
+    # -- checkpoints (flowrl.trainer.checkpoints.saving) -----------------------------------------------------
     def best_figure(self, figures: dict[str, Any], key: str | None = None) -> tuple[str, float]:
         """The key and value of ``trainer.keep_best``'s figure (or of ``key``) in ``figures``."""
         return best_figure(figures, self.cfg.keep_best, key)

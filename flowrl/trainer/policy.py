@@ -21,12 +21,12 @@ from flowrl.backbones.lora.export import lora_state_dict
 from flowrl.interfaces import Backbone
 from flowrl.lr_schedule import lr_factor
 from flowrl.recipe import Recipe, RecipeError
-from flowrl.trainer.checkpoint import load_weights_into
+from flowrl.trainer.checkpoints.folder import load_weights_into
+from flowrl.trainer.checkpoints.resume import apply_optim_settings
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.lagged import LaggedPolicy
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.reference import install_reference
-from flowrl.trainer.resume import apply_optim_settings
 from flowrl.trainer.sharding import (
     full,
     gathered,

@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from flowrl.trainer.checkpoint import BEST, STATE
+from flowrl.trainer.checkpoints.folder import BEST, STATE
+from flowrl.trainer.checkpoints.saving import best_figure
 from flowrl.trainer.runfolder import read_metrics
-from flowrl.trainer.saving import best_figure
 
 
 def _value(row: dict[str, Any], key: str) -> float:

@@ -22,12 +22,12 @@ from typing import Any
 from flowrl.errors import PartError
 from flowrl.interfaces import Component
 from flowrl.rewards.http import RewardServerUnavailable
-from flowrl.trainer.checkpoint import rng_state, set_rng_state
+from flowrl.trainer.checkpoints.folder import rng_state, set_rng_state
 
 
 class RestartPoint:
     """The random streams and every part's state at the start of the current iteration; ``save`` writes a step
-    checkpoint from the loop's counters (flowrl.trainer.saving.RunCheckpoints.save)."""
+    checkpoint from the loop's counters (flowrl.trainer.checkpoints.saving.RunCheckpoints.save)."""
 
     def __init__(self, parts: dict[str, Component], save: Callable[[dict[str, Any]], Path | None],
                  processes: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from flowrl.backbones.lora.export import LORA_FOLDER
 from flowrl.recipe import Recipe, RecipeError, recipe_from_dict
-from flowrl.trainer.checkpoint import CheckpointError
+from flowrl.trainer.checkpoints.folder import CheckpointError
 from flowrl.trainer.lora import own_lora
 
 RESUMABLE = ("name", "trainer.", "optim.")  # keys (or key prefixes) a resume may change

@@ -16,7 +16,7 @@ from typing import Any
 from flowrl.backbones.lora.export import LORA_FOLDER, export_lora
 from flowrl.interfaces import Component
 from flowrl.recipe import Recipe
-from flowrl.trainer.checkpoint import (
+from flowrl.trainer.checkpoints.folder import (
     BEST,
     CheckpointError,
     begin_checkpoint,
