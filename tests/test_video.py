@@ -15,7 +15,8 @@ from PIL import Image
 
 import flowrl
 from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.report.page import _grid
+from flowrl.report.page import _png
+from flowrl.report.samples import sample_table
 from flowrl.rewards.frames import eval_pictures, score_pictures
 from flowrl.trainer.logger import image_grid, save_grid_animation, write_grid
 from flowrl.video import as_stills, frame_choice_problem, frame_indices, write_animation
@@ -128,11 +129,13 @@ def test_held_out_clips_are_written_and_shown_animated(tmp_path: Path) -> None:
     clips = _clips(2, 4, side=8)
     write_grid((clips, ["a cat", "a dog"]), tmp_path / "samples" / "step_3.png")
     assert (tmp_path / "samples" / "step_3.webp").is_file()
-    html = _grid(tmp_path / "samples" / "step_3.png", "samples at 3")
-    assert html.count("<img") == 2 and "data:image/webp;base64," in html and "data:image/png;base64," in html
-    write_grid((clips[:, 0], ["a cat", "a dog"]), tmp_path / "images" / "step_3.png")  # images: a PNG only
-    assert not (tmp_path / "images" / "step_3.webp").exists()
-    assert _grid(tmp_path / "images" / "step_3.png", "x").count("<img") == 1
+    html = "\n".join(sample_table(tmp_path, _png))  # one animated tile per clip, captioned by its prompt
+    assert html.count("<img") == 2 and html.count("data:image/webp;base64,") == 2 and "image/png" not in html
+    assert '<th class="prompt">a cat</th>' in html and 'alt="a dog at iteration 3"' in html
+    write_grid((clips[:, 0], ["a cat", "a dog"]), tmp_path / "images" / "samples" / "step_3.png")  # a PNG only
+    assert not (tmp_path / "images" / "samples" / "step_3.webp").exists()
+    html = "\n".join(sample_table(tmp_path / "images", _png))
+    assert html.count("data:image/png;base64,") == 2 and "image/webp" not in html
 
 
 def test_rollout_health_measures_clips_over_every_frame() -> None:

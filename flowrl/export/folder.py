@@ -152,9 +152,10 @@ def export_checkpoint(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
+        # the samples first: merging a LoRA (--full-weights) changes the loaded transformer in place
+        sample_file = _write_samples(loaded, staging, rows, per_prompt) if rows and per_prompt > 0 else ""
         _write_weights(loaded, staging, full_weights)
         shutil.copyfile(source / "recipe.toml", staging / "recipe.toml")
-        sample_file = _write_samples(loaded, staging, rows, per_prompt) if rows and per_prompt > 0 else ""
         last = read_metrics(run / "metrics.jsonl")[-1] if run is not None and (run / "metrics.jsonl").is_file() else {}
         recipe = loaded.recipe
         facts = CardFacts(
