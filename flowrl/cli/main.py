@@ -123,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
     from flowrl.cli.bench import configure as configure_bench
     from flowrl.cli.bench import configure_leaderboard, configure_merge
     from flowrl.cli.export import configure as configure_export
+    from flowrl.cli.launch import configure as configure_launch
     from flowrl.cli.pretrain import configure as configure_pretrain
     from flowrl.cli.serve import configure as configure_serve
     from flowrl.cli.suite import configure as configure_suite
@@ -132,6 +133,7 @@ def parser() -> argparse.ArgumentParser:
     configure_bench(sub.add_parser("bench", help="run recipes x seeds on the embedded benchmark; write a report"))
     configure_merge(sub.add_parser("bench-merge", help="compare the methods of several bench reports as one bench"))
     configure_leaderboard(sub.add_parser("bench-leaderboard", help="a bench report's leaderboard table (markdown)"))
+    configure_launch(sub.add_parser("launch", help="run a flowrl command on every process of this node (torchrun)"))
     configure_export(sub.add_parser("export", help="a checkpoint as a folder to hand on (weights, samples, card)"))
     configure_serve(sub.add_parser("serve", help="serve a reward over HTTP (for [[reward]] type = \"remote\")"))
     configure_suite(sub.add_parser("suite", help="evaluation suites (GenEval, HPSv2, ...): generate, score, compare"))

@@ -1,0 +1,117 @@
+"""flowrl launch: the cluster read from the command line and the schedulers' variables (the command line wins,
+then torchrun's, accelerate's and SLURM's), malformed values refused in one line, and (slow) two loopback nodes
+of one process each training as one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, tiny_recipe
+
+from flowrl.cli.main import main
+from flowrl.cluster import ClusterError, first_host, launch_command, resolve
+from flowrl.recipe import recipe_from_dict
+
+NONE = {"nnodes": None, "node_rank": None, "nproc_per_node": None, "master_addr": None, "master_port": None}
+SLURM = {"SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "2", "SLURM_GPUS_ON_NODE": "8",
+         "SLURM_JOB_NODELIST": "gpu[07-09,12]"}
+
+
+def test_slurm_alone_gives_the_whole_cluster() -> None:
+    cluster = resolve(NONE, SLURM, gpus=0)
+    assert (cluster.nnodes, cluster.node_rank, cluster.nproc_per_node, cluster.master_addr, cluster.master_port) == (
+        4, 2, 8, "gpu07", 29500)
+    assert cluster.source == {"nnodes": "SLURM_JOB_NUM_NODES", "node_rank": "SLURM_NODEID",
+                              "nproc_per_node": "SLURM_GPUS_ON_NODE", "master_addr": "SLURM_JOB_NODELIST"}
+    assert "master_port = 29500 (default)" in cluster.describe()
+
+
+def test_the_command_line_wins_then_torchrun_then_accelerate_then_slurm() -> None:
+    env = {**SLURM, "NUM_MACHINES": "3", "MACHINE_RANK": "1", "MAIN_PROCESS_IP": "10.0.0.5",
+           "MAIN_PROCESS_PORT": "6000", "NODE_RANK": "0", "MASTER_PORT": "7000"}
+    cluster = resolve({**NONE, "nproc_per_node": 2}, env, gpus=8)
+    assert (cluster.nnodes, cluster.node_rank, cluster.nproc_per_node) == (3, 0, 2)  # accelerate, torchrun, given
+    assert (cluster.master_addr, cluster.master_port) == ("10.0.0.5", 7000)  # accelerate's address, torchrun's port
+    assert cluster.source["nproc_per_node"] == "--nproc-per-node" and cluster.source["node_rank"] == "NODE_RANK"
+    assert resolve(NONE, {}, gpus=4).nproc_per_node == 4 and resolve(NONE, {}, gpus=0).nproc_per_node == 1
+    args = launch_command("py", resolve(NONE, {}, gpus=0), ["train", "r.toml"])
+    assert args == ["py", "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=1",
+                    "--master-addr=127.0.0.1", "--master-port=29500", "-m", "flowrl.cli.main", "train", "r.toml"]
+
+
+@pytest.mark.parametrize(("nodelist", "host"), [("gpu[07-09,12]", "gpu07"), ("node12", "node12"),
+                                                ("a,b[1-2]", "a"), ("x[003]", "x003")])
+def test_the_first_host_of_a_slurm_node_list(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"NODE_RANK": "one"}, "NODE_RANK='one': expected a whole number for node_rank"),
+    ({"SLURM_GPUS_ON_NODE": "lots"}, "SLURM_GPUS_ON_NODE='lots'"),
+    ({"NNODES": "2", "NODE_RANK": "2"}, "node_rank = 2 (NODE_RANK) is not below nnodes = 2 (NNODES)"),
+    ({"MASTER_PORT": "70000"}, "master_port = 70000 (MASTER_PORT): expected 1 to 65535"),
+])
+def test_malformed_variables_are_refused_naming_them(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ClusterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve(NONE, env, gpus=0)
+    assert resolve(NONE, {"SLURM_GPUS_ON_NODE": "gpu:4"}, gpus=0).nproc_per_node == 4  # SLURM's typed form
+
+
+def test_dry_run_prints_the_command_and_errors_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for key, value in SLURM.items():
+        monkeypatch.setenv(key, value)
+    assert main(["launch", "--dry-run", "--node-rank", "3", "--", "flowrl", "train", "r.toml", "--set", "seed=1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().endswith("--nnodes=4 --node-rank=3 --nproc-per-node=8 --master-addr=gpu07 --master-port=29500"
+                                " -m flowrl.cli.main train r.toml --set seed=1")
+    assert "node_rank = 3 (--node-rank)" in err
+    monkeypatch.setenv("SLURM_NODEID", "x")
+    assert main(["launch", "--dry-run", "--", "train", "r.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: SLURM_NODEID='x': expected a whole number for node_rank"
+    assert main(["launch", "--dry-run", "--", "launch"]) == 2
+    assert "give the flowrl command to run after --" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_two_loopback_nodes_of_one_process_train_as_one_process(tmp_path: Path) -> None:
+    """`flowrl launch --nnodes 2 --node-rank 0|1` on 127.0.0.1 (gloo): the same rewards, NFE and gradient norms
+    as one process given the same global batch; the shared run folder written once, by the global main."""
+    for name, per in (("two.toml", 1), ("one.toml", 2)):
+        data = tiny_recipe(max_steps=2, prompts_per_step=per, checkpoint_every=0)
+        data["advantage"] = {"type": "group_norm", "global_std": True}
+        (tmp_path / name).write_text(recipe_from_dict(data).to_toml())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    port = str(_free_port())
+    nodes = [subprocess.Popen([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
+                               str(rank), "--nproc-per-node", "1", "--master-port", port, "--", "train", "two.toml",
+                               "--output-dir", "two", "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    one = subprocess.run([sys.executable, "-m", "flowrl.cli.main", "train", "one.toml", "--output-dir", "one",
+                          "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    rows = {n: [json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+            for n in ("one", "two")}
+    assert len(rows["one"]) == len(rows["two"]) == 2
+    for a, b in zip(rows["one"], rows["two"], strict=True):  # tolerances as in tests/test_distributed.py
+        assert a["nfe"] == b["nfe"]
+        for key in ("reward/total", "advantage/abs_mean", "grad_norm"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-5), (key, a[key], b[key])
+    assert "node_rank = 1 (--node-rank)" in outs[1]
