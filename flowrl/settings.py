@@ -13,7 +13,7 @@ from flowrl.update_modes import UpdateMode
 
 MixedPrecision = Literal["no", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-Sharding = Literal["none", "fsdp"]
+Sharding = Literal["none", "fsdp", "hybrid"]
 AttentionKernels = Literal["auto", "no-cudnn", "math", "efficient", "flash"]
 
 positive: Any = gt(0)
@@ -122,7 +122,8 @@ class TrainerConfig:
     # measured ratios; on the CPU it can lose)
     compile: CompileMode = attrs.field(default="off", validator=one_of(CompileMode))
     # "fsdp": shard the transformer's parameters, gradients and optimizer state over the processes (torch FSDP2,
-    # one unit per transformer block; docs/distributed.md); "none": every process holds the whole model (DDP)
+    # one unit per transformer block; docs/distributed.md); "hybrid": shard within a node, replicate across
+    # nodes (the node's size from the launch: LOCAL_WORLD_SIZE); "none": every process holds the whole model (DDP)
     sharding: Sharding = attrs.field(default="none", validator=one_of(Sharding))
     torch_threads: int = attrs.field(default=0, validator=ge(0))  # CPU threads for torch; 0 keeps torch's default
     # CUDA attention kernels (torch SDPA backends). "no-cudnn" (default): cuDNN's fused attention is off, because

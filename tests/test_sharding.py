@@ -235,3 +235,40 @@ def test_accelerates_own_sharding_plugins_are_refused(plugin: str) -> None:
     check_launch("MULTI_CPU")  # a plain launch passes
     with pytest.raises(LaunchError, match=f'its {plugin} plugin.*trainer.sharding = "fsdp"'):
         check_launch(plugin)
+
+
+def test_hybrid_sharding_on_two_nodes_of_two_equals_one_process(flux: dict[str, Any], tmp_path: Path) -> None:
+    """trainer.sharding = "hybrid" on two loopback nodes of two processes (flowrl launch): each node shards one copy
+    (every process holds half of each Adam moment), the nodes replicate it; the run equals one unsharded process
+    with the same global batch, and one process resumes its checkpoint from the first node's slices."""
+    import socket
+
+    hybrid = write(tmp_path / "hybrid.toml", flux, 1, "hybrid", False, max_steps=2, checkpoint_every=1,
+                   keep_checkpoints=5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    nodes = [start([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank", str(rank),
+                    "--nproc-per-node", "2", "--master-port", port, "--", "train", str(hybrid), "--output-dir",
+                    "hybrid", "--quiet"], tmp_path) for rank in (0, 1)]
+    outs = [node.communicate(timeout=900) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [out[1][-3000:] for out in outs]
+    one = write(tmp_path / "one.toml", flux, 4, "none", False, max_steps=2)
+    run(command(one, "one", 1), tmp_path)
+    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "hybrid"), strict=True):  # tolerances as above
+        assert a["nfe"] == b["nfe"]
+        for key in ("reward/total", "advantage/abs_mean", "grad_norm"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-5), (key, a[key], b[key])
+    final = "checkpoints/step_000002"
+    expected = load_file(str(tmp_path / "one" / final / "weights.safetensors"))
+    got = load_file(str(tmp_path / "hybrid" / final / "weights.safetensors"))
+    assert max(float((got[k] - expected[k]).abs().max()) for k in expected) <= 1e-6
+    state = json.loads((tmp_path / "hybrid" / final / "trainer_state.json").read_text())
+    assert (state["sharded_processes"], state["shard_group"]) == (4, 2)
+    shards = [torch.load(tmp_path / "hybrid" / final / f"shard_{r:03d}.pt") for r in range(4)]
+    sizes = [sum(m["exp_avg"].numel() for m in shard["optimizer"]["state"].values()) for shard in shards]
+    total = sum(w.numel() for w in expected.values())
+    assert sizes[0] + sizes[1] == total and sizes[0] == sizes[2] and sizes[1] == sizes[3] and 0 < sizes[1] < total
+    run(command(one, "resumed", 1, "--resume", "hybrid/checkpoints/step_000001"), tmp_path)
+    resumed = load_file(str(tmp_path / "resumed" / final / "weights.safetensors"))
+    assert max(float((resumed[k] - expected[k]).abs().max()) for k in expected) <= 1e-6

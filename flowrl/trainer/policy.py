@@ -32,6 +32,7 @@ from flowrl.trainer.sharding import (
     gathered,
     load_local_optimizer_state,
     shard,
+    shard_group,
     slice_full_optimizer_state,
     to_local_tree,
     whole,
@@ -45,7 +46,9 @@ class TrainedPolicy:
                  lagged: bool = False) -> None:
         cfg, o = recipe.trainer, recipe.optim
         self.backbone, self.accelerator = backbone, accelerator
-        self.sharded = cfg.sharding == "fsdp"
+        self.sharded = cfg.sharding != "none"
+        # the processes one copy of the weights is sharded over (hybrid: a node's; checkpoints record it)
+        self.shard_group = shard_group(cfg.sharding == "hybrid", accelerator.num_processes) if self.sharded else 0
         self.lora = recipe.lora is not None
         transformer = backbone.transformer
         if recipe.lora is not None:
@@ -67,7 +70,7 @@ class TrainedPolicy:
         if self.sharded:  # the frozen reference is copied from the whole transformer, then sharded like it
 
             def sharded(module: nn.Module) -> nn.Module:
-                return shard(module, accelerator.device, cfg.mixed_precision)
+                return shard(module, accelerator.device, cfg.mixed_precision, self.shard_group)
 
             def sharded_reference(module: nn.Module) -> nn.Module:
                 self.frozen = sharded(module)

@@ -1,4 +1,5 @@
-"""Sharded training (``trainer.sharding = "fsdp"``): torch FSDP2 (``fully_shard``) on the transformer.
+"""Sharded training (``trainer.sharding = "fsdp"`` or ``"hybrid"``): torch FSDP2 (``fully_shard``) on the
+transformer, over every process or (hybrid) within each node with the copies replicated across nodes.
 
 Every repeated block of the transformer (each entry of a ``ModuleList`` child: FLUX's double and single
 blocks, SD3's joint blocks, the world model's blocks) becomes one sharding unit, and the root holds what is
@@ -63,9 +64,27 @@ def sharding_units(module: nn.Module) -> list[nn.Module]:
     return units
 
 
-def shard(module: nn.Module, device: torch.device, mixed_precision: str = "no") -> nn.Module:
-    """Shard ``module`` in place over every process (one unit per repeated block, then the root), starting
-    from the main process's values; returns it."""
+def shard_group(hybrid: bool, world: int, node: int | None = None) -> int:
+    """How many processes share one copy of the model: all of them, or (``hybrid``) one node's, ``node`` (default:
+    the launch's ``LOCAL_WORLD_SIZE``, which torchrun and accelerate set); a :class:`ValueError` when the
+    processes do not split into equal nodes."""
+    if not hybrid:
+        return world
+    if node is None:
+        import os
+
+        node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if node < 1 or world % node:
+        raise ValueError(f'trainer.sharding = "hybrid": {world} processes do not split into nodes of {node}')
+    return node
+
+
+def shard(module: nn.Module, device: torch.device, mixed_precision: str = "no", group: int | None = None
+          ) -> nn.Module:
+    """Shard ``module`` in place (one unit per repeated block, then the root), starting from the main process's
+    values; returns it. ``group``: the processes one copy is sharded over (default: all); with fewer, the
+    copies are replicated across groups of consecutive ranks (hybrid sharding: FSDP2 on a 2-D mesh, gradients
+    reduce-scattered within a group and averaged across groups)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -75,7 +94,12 @@ def shard(module: nn.Module, device: torch.device, mixed_precision: str = "no") 
     with torch.no_grad():  # every process starts from the main one's values (random LoRA init), as DDP does
         for tensor in module.state_dict().values():
             dist.broadcast(tensor, src=0)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    world = dist.get_world_size()
+    group = world if group is None else group
+    if group == world:
+        mesh = init_device_mesh(device.type, (world,))
+    else:
+        mesh = init_device_mesh(device.type, (world // group, group), mesh_dim_names=("replicate", "shard"))
     policy = mixed_precision_policy(mixed_precision)
     for unit in sharding_units(module):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
@@ -166,8 +190,9 @@ def load_local_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str
 
 
 def merge_slices(slices: list[Any]) -> Any:
-    """One full state from every process's slices (written by :func:`to_local_tree`, in process order): tensors
-    with a dimension are concatenated along dim 0, as FSDP2 split them; everything else is the first process's."""
+    """One full state from the slices of one copy's processes (written by :func:`to_local_tree`, in process order;
+    with hybrid sharding the first group's): tensors with a dimension are concatenated along dim 0, as FSDP2
+    split them; everything else is the first process's."""
     first = slices[0]
     if isinstance(first, dict):
         return {k: merge_slices([s[k] for s in slices]) for k in first}

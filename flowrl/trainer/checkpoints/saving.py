@@ -96,6 +96,7 @@ class RunCheckpoints:
         state = {**counters, "best_value": best if math.isfinite(best) else None}
         if policy.sharded:
             state["sharded_processes"] = accelerator.num_processes
+            state["shard_group"] = policy.shard_group  # one copy's processes: all of them, or a node's (hybrid)
         extra = {
             **policy_state,
             "rng": rng_state({}),
@@ -140,11 +141,13 @@ class RunCheckpoints:
         # A sharded run's optimizer and EMA state is one slice per process; another process count (or no
         # sharding) resumes from the slices merged into full tensors.
         written = int(state.get("sharded_processes", 0))
-        sliced = written > 0 and self.policy.sharded and written == self.accelerator.num_processes
+        group = int(state.get("shard_group", written))  # with hybrid sharding ranks 0..group-1 hold one copy
+        sliced = (written > 0 and self.policy.sharded and written == self.accelerator.num_processes
+                  and group == self.policy.shard_group)
         if sliced:
             extra.update(load_shard(folder, self.accelerator.process_index, written))
         elif written:
-            extra.update(merge_slices([load_shard(folder, rank, written) for rank in range(written)]))
+            extra.update(merge_slices([load_shard(folder, rank, written) for rank in range(group)]))
         self.policy.load(weights, extra, folder, self.recipe.optim, sliced)
         if Path(folder).resolve().parent == (self.run_dir / "checkpoints").resolve():  # this run's own
             self.saved_step = int(state["step"])
