@@ -115,3 +115,12 @@ def test_two_loopback_nodes_of_one_process_train_as_one_process(tmp_path: Path) 
         for key in ("reward/total", "advantage/abs_mean", "grad_norm"):
             assert math.isclose(a[key], b[key], rel_tol=1e-5), (key, a[key], b[key])
     assert "node_rank = 1 (--node-rank)" in outs[1]
+
+
+def test_hybrid_sharding_needs_equal_nodes() -> None:
+    from flowrl.trainer.errors import LaunchError
+    from flowrl.trainer.sharding import shard_group
+
+    assert shard_group(False, 8) == 8 and shard_group(True, 8, 4) == 4 and shard_group(True, 3, 3) == 3
+    with pytest.raises(LaunchError, match="6 processes do not split into nodes of 4"):
+        shard_group(True, 6, 4)

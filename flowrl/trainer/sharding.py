@@ -66,8 +66,8 @@ def sharding_units(module: nn.Module) -> list[nn.Module]:
 
 def shard_group(hybrid: bool, world: int, node: int | None = None) -> int:
     """How many processes share one copy of the model: all of them, or (``hybrid``) one node's, ``node`` (default:
-    the launch's ``LOCAL_WORLD_SIZE``, which torchrun and accelerate set); a :class:`ValueError` when the
-    processes do not split into equal nodes."""
+    the launch's ``LOCAL_WORLD_SIZE``, which torchrun and accelerate set); a one-line
+    :class:`~flowrl.trainer.errors.LaunchError` when the processes do not split into equal nodes."""
     if not hybrid:
         return world
     if node is None:
@@ -75,7 +75,10 @@ def shard_group(hybrid: bool, world: int, node: int | None = None) -> int:
 
         node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if node < 1 or world % node:
-        raise ValueError(f'trainer.sharding = "hybrid": {world} processes do not split into nodes of {node}')
+        from flowrl.trainer.errors import LaunchError
+
+        raise LaunchError(f'trainer.sharding = "hybrid": {world} processes do not split into nodes of {node}'
+                          " (LOCAL_WORLD_SIZE); launch the same number of processes on every node")
     return node
 
 
