@@ -16,8 +16,11 @@ A variable that is set but malformed is refused in one line naming it, never ski
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import attrs
 
@@ -133,6 +136,61 @@ def _check(cluster: Cluster) -> None:
         raise ClusterError(f"master_port = {cluster.master_port} ({where('master_port')}): expected 1 to 65535")
 
 
-def launch_command(python: str, cluster: Cluster, command: Sequence[str]) -> list[str]:
-    """The torchrun command line that runs ``flowrl COMMAND...`` on every process of this node."""
-    return [python, "-m", "torch.distributed.run", *cluster.torchrun_args(), "-m", "flowrl.cli.main", *command]
+def launch_command(python: str, cluster: Cluster, command: Sequence[str], join_timeout: int = 300) -> list[str]:
+    """The torchrun command line that runs ``flowrl COMMAND...`` on every process of this node (its own
+    rendezvous bounded by ``join_timeout`` seconds too)."""
+    return [python, "-m", "torch.distributed.run", *cluster.torchrun_args(), f"--rdzv-conf=timeout={join_timeout}",
+            "-m", "flowrl.cli.main", *command]
+
+
+@contextmanager
+def _native_stderr_quiet() -> Iterator[None]:
+    """File descriptor 2 pointed at /dev/null inside the block (what native code writes there is dropped)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def wait_for_nodes(cluster: Cluster, timeout_s: float) -> None:
+    """Every node's launcher checks in at the main node (a TCP store on ``master_port + 1``) before any starts
+    training; a node that has not joined within ``timeout_s`` ends every launcher that waits with one line,
+    instead of a hang or torchrun's traceback. Nothing to wait for on one node."""
+    import datetime
+    import time
+
+    from torch.distributed import TCPStore
+
+    if cluster.nnodes == 1:
+        return
+    where = f"{cluster.master_addr}:{cluster.master_port + 1}"
+    advice = ("start flowrl launch on every node with the same --nnodes, --master-addr and --master-port (and a free"
+              " port above it)")
+    deadline = time.monotonic() + timeout_s
+    try:
+        with _native_stderr_quiet():  # c10d logs every retry with a C++ stack; the one line below says it all
+            store = TCPStore(cluster.master_addr, cluster.master_port + 1, cluster.nnodes, cluster.node_rank == 0,
+                             datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    except Exception as error:  # the main node's address is not reachable in time, or its port is taken
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ClusterError(f"node {cluster.node_rank}: cannot reach the main node at {where} within {timeout_s:g} s"
+                           f" ({first}); {advice}") from None
+    joined = store.add("joined", 1)
+    while joined < cluster.nnodes:
+        if time.monotonic() > deadline:
+            raise ClusterError(f"only {joined} of {cluster.nnodes} nodes joined at {where} within {timeout_s:g} s"
+                               f" (--join-timeout); {advice}")
+        time.sleep(0.2)
+        joined = store.add("joined", 0)
+    left = store.add("left", 1)
+    if cluster.node_rank == 0:  # the store lives on the main node: keep it until every node has read the count
+        while left < cluster.nnodes and time.monotonic() < deadline + 30:
+            time.sleep(0.1)
+            left = store.add("left", 0)
+    del store

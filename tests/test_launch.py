@@ -43,7 +43,8 @@ def test_the_command_line_wins_then_torchrun_then_accelerate_then_slurm() -> Non
     assert resolve(NONE, {}, gpus=4).nproc_per_node == 4 and resolve(NONE, {}, gpus=0).nproc_per_node == 1
     args = launch_command("py", resolve(NONE, {}, gpus=0), ["train", "r.toml"])
     assert args == ["py", "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=1",
-                    "--master-addr=127.0.0.1", "--master-port=29500", "-m", "flowrl.cli.main", "train", "r.toml"]
+                    "--master-addr=127.0.0.1", "--master-port=29500", "--rdzv-conf=timeout=300", "-m",
+                    "flowrl.cli.main", "train", "r.toml"]
 
 
 @pytest.mark.parametrize(("nodelist", "host"), [("gpu[07-09,12]", "gpu07"), ("node12", "node12"),
@@ -72,7 +73,7 @@ def test_dry_run_prints_the_command_and_errors_are_one_line(
     assert main(["launch", "--dry-run", "--node-rank", "3", "--", "flowrl", "train", "r.toml", "--set", "seed=1"]) == 0
     out, err = capsys.readouterr()
     assert out.strip().endswith("--nnodes=4 --node-rank=3 --nproc-per-node=8 --master-addr=gpu07 --master-port=29500"
-                                " -m flowrl.cli.main train r.toml --set seed=1")
+                                " --rdzv-conf=timeout=300 -m flowrl.cli.main train r.toml --set seed=1")
     assert "node_rank = 3 (--node-rank)" in err
     monkeypatch.setenv("SLURM_NODEID", "x")
     assert main(["launch", "--dry-run", "--", "train", "r.toml"]) == 2
@@ -124,3 +125,25 @@ def test_hybrid_sharding_needs_equal_nodes() -> None:
     assert shard_group(False, 8) == 8 and shard_group(True, 8, 4) == 4 and shard_group(True, 3, 3) == 3
     with pytest.raises(LaunchError, match="6 processes do not split into nodes of 4"):
         shard_group(True, 6, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_node_that_never_joins_ends_the_others_with_one_line(rank: int, tmp_path: Path) -> None:
+    """Alone, the main node (rank 0) or another (rank 1) gives up after --join-timeout, in one line and exit 2,
+    before any training process starts: no hang and no native traceback."""
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank", str(rank),
+                          "--nproc-per-node", "1", "--master-port", str(_free_port()), "--join-timeout", "3", "--",
+                          "train", "missing.toml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2, out.stderr
+    assert len(lines) == 2 and lines[0].startswith("flowrl launch: nnodes = 2") and "Traceback" not in out.stderr
+    expected = "only 1 of 2 nodes joined" if rank == 0 else "node 1: cannot reach the main node"
+    assert lines[1].startswith("error: " + expected) and "within 3 s" in lines[1], lines[1]
+    assert took < 3 * 3 + 10, took  # c10d's client tries twice; start-up is a few seconds
+    assert not list(tmp_path.iterdir())

@@ -24,6 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master-addr", type=Text(), default=None, metavar="HOST", help="the rank-0 node's address")
     parser.add_argument("--master-port", type=Whole(1, 65536), default=None, metavar="PORT",
                         help="a free port on the rank-0 node (default 29500)")
+    parser.add_argument("--join-timeout", type=Whole(1), default=300, metavar="S",
+                        help="seconds to wait for every node before giving up with one line (default 300)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the resolved cluster and the command; run nothing")
     parser.set_defaults(func=run)
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from flowrl.cluster import ClusterError, launch_command, resolve
+    from flowrl.cluster import ClusterError, launch_command, resolve, wait_for_nodes
 
     command = list(args.command)
     if command[0] == "flowrl":
@@ -47,11 +49,12 @@ def run(args: argparse.Namespace) -> int:
     given = {"nnodes": args.nnodes, "node_rank": args.node_rank, "nproc_per_node": args.nproc_per_node,
              "master_addr": args.master_addr, "master_port": args.master_port}
     cluster = resolve(given, os.environ, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    argv = launch_command(sys.executable, cluster, command)
+    argv = launch_command(sys.executable, cluster, command, args.join_timeout)
     print(f"flowrl launch: {cluster.describe()}", file=sys.stderr)
     if args.dry_run:
         print(shlex.join(argv))
         return 0
+    wait_for_nodes(cluster, args.join_timeout)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(argv[0], argv)
