@@ -1,5 +1,6 @@
 """The cluster a launch runs on (``flowrl launch``): how many nodes, this node's rank, processes per node, and the
-main node's address and port, read from the command line and from the variables schedulers and launchers set.
+main node's address and port, read from the command line and from the variables schedulers and launchers set;
+the variables each training process starts with; and the check that every node has joined.
 
 Each value is taken from the first source that gives it, in this order:
 
@@ -51,11 +52,6 @@ class Cluster:
     master_addr: str
     master_port: int
     source: dict[str, str] = attrs.field(factory=dict, eq=False)
-
-    def torchrun_args(self) -> list[str]:
-        """The arguments of ``python -m torch.distributed.run`` for this node."""
-        return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", f"--nproc-per-node={self.nproc_per_node}",
-                f"--master-addr={self.master_addr}", f"--master-port={self.master_port}"]
 
     def describe(self) -> str:
         return ", ".join(f"{field} = {getattr(self, field)} ({self.source.get(field, 'default')})" for field in FIELDS)
@@ -136,11 +132,19 @@ def _check(cluster: Cluster) -> None:
         raise ClusterError(f"master_port = {cluster.master_port} ({where('master_port')}): expected 1 to 65535")
 
 
-def launch_command(python: str, cluster: Cluster, command: Sequence[str], join_timeout: int = 300) -> list[str]:
-    """The torchrun command line that runs ``flowrl COMMAND...`` on every process of this node (its own
-    rendezvous bounded by ``join_timeout`` seconds too)."""
-    return [python, "-m", "torch.distributed.run", *cluster.torchrun_args(), f"--rdzv-conf=timeout={join_timeout}",
-            "-m", "flowrl.cli.main", *command]
+def worker_env(cluster: Cluster, local_rank: int) -> dict[str, str]:
+    """The variables one training process of this node starts with (what torchrun would set: accelerate and
+    ``torch.distributed`` read them)."""
+    world = cluster.nnodes * cluster.nproc_per_node
+    return {"RANK": str(cluster.node_rank * cluster.nproc_per_node + local_rank), "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(cluster.nproc_per_node),
+            "GROUP_RANK": str(cluster.node_rank), "NODE_RANK": str(cluster.node_rank),
+            "MASTER_ADDR": cluster.master_addr, "MASTER_PORT": str(cluster.master_port)}
+
+
+def worker_command(python: str, command: Sequence[str]) -> list[str]:
+    """The command line of one training process: ``flowrl COMMAND...``."""
+    return [python, "-m", "flowrl.cli.main", *command]
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, tiny_recipe
 
 from flowrl.cli.main import main
-from flowrl.cluster import ClusterError, first_host, launch_command, resolve
+from flowrl.cluster import ClusterError, first_host, resolve, worker_command, worker_env
 from flowrl.recipe import recipe_from_dict
 
 NONE = {"nnodes": None, "node_rank": None, "nproc_per_node": None, "master_addr": None, "master_port": None}
@@ -41,10 +41,10 @@ def test_the_command_line_wins_then_torchrun_then_accelerate_then_slurm() -> Non
     assert (cluster.master_addr, cluster.master_port) == ("10.0.0.5", 7000)  # accelerate's address, torchrun's port
     assert cluster.source["nproc_per_node"] == "--nproc-per-node" and cluster.source["node_rank"] == "NODE_RANK"
     assert resolve(NONE, {}, gpus=4).nproc_per_node == 4 and resolve(NONE, {}, gpus=0).nproc_per_node == 1
-    args = launch_command("py", resolve(NONE, {}, gpus=0), ["train", "r.toml"])
-    assert args == ["py", "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0", "--nproc-per-node=1",
-                    "--master-addr=127.0.0.1", "--master-port=29500", "--rdzv-conf=timeout=300", "-m",
-                    "flowrl.cli.main", "train", "r.toml"]
+    assert worker_command("py", ["train", "r.toml"]) == ["py", "-m", "flowrl.cli.main", "train", "r.toml"]
+    two = resolve({**NONE, "nnodes": 2, "node_rank": 1, "nproc_per_node": 3}, {"MASTER_ADDR": "h"}, gpus=0)
+    assert worker_env(two, 2) == {"RANK": "5", "LOCAL_RANK": "2", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "3",
+                                  "GROUP_RANK": "1", "NODE_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
 
 
 @pytest.mark.parametrize(("nodelist", "host"), [("gpu[07-09,12]", "gpu07"), ("node12", "node12"),
@@ -72,8 +72,10 @@ def test_dry_run_prints_the_command_and_errors_are_one_line(
         monkeypatch.setenv(key, value)
     assert main(["launch", "--dry-run", "--node-rank", "3", "--", "flowrl", "train", "r.toml", "--set", "seed=1"]) == 0
     out, err = capsys.readouterr()
-    assert out.strip().endswith("--nnodes=4 --node-rank=3 --nproc-per-node=8 --master-addr=gpu07 --master-port=29500"
-                                " --rdzv-conf=timeout=300 -m flowrl.cli.main train r.toml --set seed=1")
+    lines = out.strip().splitlines()
+    assert len(lines) == 8 and lines[7].startswith("RANK=31 LOCAL_RANK=7 WORLD_SIZE=32 LOCAL_WORLD_SIZE=8")
+    assert lines[0].endswith("MASTER_ADDR=gpu07 MASTER_PORT=29500 " + sys.executable
+                             + " -m flowrl.cli.main train r.toml --set seed=1")
     assert "node_rank = 3 (--node-rank)" in err
     monkeypatch.setenv("SLURM_NODEID", "x")
     assert main(["launch", "--dry-run", "--", "train", "r.toml"]) == 2
@@ -147,3 +149,37 @@ def test_a_node_that_never_joins_ends_the_others_with_one_line(rank: int, tmp_pa
     assert lines[1].startswith("error: " + expected) and "within 3 s" in lines[1], lines[1]
     assert took < 3 * 3 + 10, took  # c10d's client tries twice; start-up is a few seconds
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_node_stops_every_node_with_one_checkpoint(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to one node's launcher: that node's process finishes its iteration, every process of
+    every node leaves the loop at the same iteration, one checkpoint is written, and both launchers exit 143;
+    one process then resumes the two-node run's checkpoint."""
+    import signal
+    import time
+
+    data = tiny_recipe(max_steps=500, prompts_per_step=1, checkpoint_every=0)
+    (tmp_path / "long.toml").write_text(recipe_from_dict(data).to_toml())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    port = str(_free_port())
+    nodes = [subprocess.Popen([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
+                               str(rank), "--nproc-per-node", "1", "--master-port", port, "--", "train", "long.toml",
+                               "--output-dir", "long", "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    metrics = tmp_path / "long" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert time.time() < deadline and all(node.poll() is None for node in nodes), [n.poll() for n in nodes]
+        time.sleep(0.1)
+    nodes[1].send_signal(signal.SIGTERM)
+    outs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [143, 143], [err[-2000:] for _, err in outs]
+    steps = len(metrics.read_text().splitlines())
+    assert sorted(p.name for p in (tmp_path / "long" / "checkpoints").iterdir()) == [f"step_{steps:06d}"]
+    assert all(f"SIGTERM: checkpoint written at step {steps}" in err for _, err in outs)
+    resumed = subprocess.run([sys.executable, "-m", "flowrl.cli.main", "train", "long.toml", "--resume", "long",
+                              "--set", f"trainer.max_steps={steps + 1}", "--quiet"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert len(metrics.read_text().splitlines()) == steps + 1

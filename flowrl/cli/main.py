@@ -133,7 +133,7 @@ def parser() -> argparse.ArgumentParser:
     configure_bench(sub.add_parser("bench", help="run recipes x seeds on the embedded benchmark; write a report"))
     configure_merge(sub.add_parser("bench-merge", help="compare the methods of several bench reports as one bench"))
     configure_leaderboard(sub.add_parser("bench-leaderboard", help="a bench report's leaderboard table (markdown)"))
-    configure_launch(sub.add_parser("launch", help="run a flowrl command on every process of this node (torchrun)"))
+    configure_launch(sub.add_parser("launch", help="run a flowrl command on every process of this node"))
     configure_export(sub.add_parser("export", help="a checkpoint as a folder to hand on (weights, samples, card)"))
     configure_serve(sub.add_parser("serve", help="serve a reward over HTTP (for [[reward]] type = \"remote\")"))
     configure_suite(sub.add_parser("suite", help="evaluation suites (GenEval, HPSv2, ...): generate, score, compare"))

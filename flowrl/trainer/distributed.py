@@ -1,6 +1,6 @@
-"""The collectives the loop makes with several processes: gathering a tensor from every process, and the
-logged scalars' means (NFE: sums) over processes. The advantage phase's use of them is
-:mod:`flowrl.trainer.advantage`.
+"""The collectives the loop makes with several processes: gathering a tensor from every process, the logged
+scalars' means (NFE: sums) over processes, and a stop signal that any process received. The advantage phase's
+use of them is :mod:`flowrl.trainer.advantage`.
 """
 
 from __future__ import annotations
@@ -31,3 +31,16 @@ def reduce_metrics(accelerator: Any, metrics: dict[str, Any], summed: tuple[str,
         if isinstance(metrics[k], int) and k in summed:
             out[k] = int(round(out[k]))
     return out
+
+
+def shared_stop(accelerator: Any, received: str) -> str:
+    """The stop signal (``"SIGTERM"``, ...) that any process received, ``""`` for none: a scheduler may signal one
+    node's processes only, and every process must leave the loop at the same iteration (the checkpoint is a
+    collective). Several signals: the highest-numbered."""
+    import signal
+
+    if accelerator.num_processes == 1:
+        return received
+    number = float(signal.Signals[received].value) if received else 0.0
+    top = accelerator.reduce(torch.tensor([number], dtype=torch.float64, device=accelerator.device), reduction="max")
+    return signal.Signals(int(top.item())).name if top.item() > 0 else ""

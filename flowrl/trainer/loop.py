@@ -29,7 +29,7 @@ from flowrl.trainer.checkpoints.folder import find_checkpoint, list_checkpoints
 from flowrl.trainer.checkpoints.restart import RestartPoint
 from flowrl.trainer.checkpoints.resume import check_resume, record_resume
 from flowrl.trainer.checkpoints.saving import RunCheckpoints, best_figure
-from flowrl.trainer.distributed import reduce_metrics
+from flowrl.trainer.distributed import reduce_metrics, shared_stop
 from flowrl.trainer.drift import policy_drift
 from flowrl.trainer.errors import NothingTrainedError, RunInterrupted
 from flowrl.trainer.health import HealthAlerts
@@ -148,7 +148,7 @@ class Trainer:
         )
         stop = StopSignal()
         self.budget.start()
-        first = self.step
+        first, stopped = self.step, ""
         try:
             if self.budget.evaluates and self.step == 0:
                 figures = self.evaluate()
@@ -162,8 +162,9 @@ class Trainer:
                 bar.set_postfix(reward=f"{metrics.get('reward/total', float('nan')):.4f}", nfe=self.nfe)
                 if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
                     self.save()
-                if stop.received:
-                    message = f"{stop.received}: checkpoint written at step {self.step}; resume with --resume"
+                stopped = shared_stop(self.accelerator, stop.received)  # a signal to any process stops them all
+                if stopped:
+                    message = f"{stopped}: checkpoint written at step {self.step}; resume with --resume"
                     bar.write(message, file=sys.stderr)
                     break
             self.save()
@@ -174,8 +175,9 @@ class Trainer:
             self.release()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
-        if stop.received:  # the caller (a shell's `train && eval`) must not go on as if the run had finished
-            raise RunInterrupted(stop.received)
+        stopped = stopped or stop.received  # also a signal during the last iteration's checkpoint
+        if stopped:  # the caller (a shell's `train && eval`) must not go on as if the run had finished
+            raise RunInterrupted(stopped)
         if self.step > first and self.updates == 0:
             n = self.step - first
             raise NothingTrainedError(
