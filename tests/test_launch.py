@@ -91,6 +91,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def two_nodes(cwd: Path, recipe: str, out: str, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    """`flowrl launch -- train RECIPE` as node 0 and node 1 of two on 127.0.0.1, one process each."""
+    port = str(_free_port())
+    return [subprocess.Popen([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
+                              str(rank), "--nproc-per-node", "1", "--master-port", port, "--", "train", recipe,
+                              "--output-dir", out, "--quiet"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+
+
 @pytest.mark.slow
 def test_two_loopback_nodes_of_one_process_train_as_one_process(tmp_path: Path) -> None:
     """`flowrl launch --nnodes 2 --node-rank 0|1` on 127.0.0.1 (gloo): the same rewards, NFE and gradient norms
@@ -100,12 +109,8 @@ def test_two_loopback_nodes_of_one_process_train_as_one_process(tmp_path: Path) 
         data["advantage"] = {"type": "group_norm", "global_std": True}
         (tmp_path / name).write_text(recipe_from_dict(data).to_toml())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    port = str(_free_port())
-    nodes = [subprocess.Popen([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
-                               str(rank), "--nproc-per-node", "1", "--master-port", port, "--", "train", "two.toml",
-                               "--output-dir", "two", "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
-    outs = [node.communicate(timeout=600)[0] for node in nodes]
+    nodes = two_nodes(tmp_path, "two.toml", "two", env)
+    outs = ["".join(node.communicate(timeout=600)) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     one = subprocess.run([sys.executable, "-m", "flowrl.cli.main", "train", "one.toml", "--output-dir", "one",
                           "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -162,11 +167,7 @@ def test_sigterm_to_one_node_stops_every_node_with_one_checkpoint(tmp_path: Path
     data = tiny_recipe(max_steps=500, prompts_per_step=1, checkpoint_every=0)
     (tmp_path / "long.toml").write_text(recipe_from_dict(data).to_toml())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    port = str(_free_port())
-    nodes = [subprocess.Popen([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
-                               str(rank), "--nproc-per-node", "1", "--master-port", port, "--", "train", "long.toml",
-                               "--output-dir", "long", "--quiet"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    nodes = two_nodes(tmp_path, "long.toml", "long", env)
     metrics = tmp_path / "long" / "metrics.jsonl"
     deadline = time.time() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
