@@ -4,7 +4,7 @@
     rewards                          flowrl.trainer.rewards (score_rollout)
     advantages                       flowrl.trainer.advantage (global_advantages)
     policy update                    flowrl.trainer.update (PolicyUpdate)
-    log / evaluate / checkpoint      flowrl.trainer.logger, .heldout, .saving
+    log / evaluate / checkpoint      flowrl.trainer.logger, .heldout, .checkpoints
 
 Every method is this loop with different parts; no method has a trainer of its own.
 """
