@@ -8,9 +8,9 @@ every time) as a table with a row per evaluation and each prompt under its colum
 (:mod:`flowrl.report.samples`), the suite tables, and the resolved recipe. Beside the page, ``<page>_figures/``
 holds every drawn panel as PNG (300 dpi) and PDF, for a paper.
 
-A small script at the end checks the page itself once it has loaded: it counts the images that failed to
-decode and the script errors, and writes the counts into ``<body data-check="...">``, so a headless browser
-can verify the page (``chromium --headless --dump-dom``).
+A small script at the end checks the page itself once it has loaded: it counts the images, those that failed to
+decode, those shown (the curves of one x axis at a time) and the script errors, and writes the counts into
+``<body data-check="...">``, so a headless browser can verify the page (``chromium --headless --dump-dom``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ window.addEventListener("error", function (event) {
 window.addEventListener("load", function () {
   var images = Array.prototype.slice.call(document.images);
   var broken = images.filter(function (i) { return !i.complete || i.naturalWidth === 0; }).length;
+  var shown = images.filter(function (i) { return i.offsetParent !== null; }).length;  // not under display: none
   document.body.setAttribute("data-check", JSON.stringify(
-    {images: images.length, broken: broken, errors: window.__reportErrors}));
+    {images: images.length, broken: broken, shown: shown, errors: window.__reportErrors}));
 });
 """
 STYLE = """
@@ -52,7 +53,7 @@ th { text-align: left; } .panels img { width: 500px; margin: 4px; }
 #x-step:checked ~ .switch [for=x-step], #x-nfe:checked ~ .switch [for=x-nfe],
 #x-wall_s:checked ~ .switch [for=x-wall_s] { font-weight: bold; text-decoration: underline; }
 .switch label { cursor: pointer; }
-.panels figure { display: inline-block; margin: 0; vertical-align: top; }
+.panels figure { margin: 0; vertical-align: top; } /* shown only under its x axis (display set above) */
 .panels figcaption { font-size: 11px; text-align: right; margin-right: 8px; }
 .flat { font-size: 13px; color: #555; }
 table.samples td { vertical-align: top; padding: 2px; border: none; }
