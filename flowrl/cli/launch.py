@@ -77,7 +77,9 @@ def supervise(argv: list[str], envs: list[dict[str, str]]) -> int:
 
     # each in its own session: a terminal's Ctrl-C reaches only this launcher, which passes it on once (twice
     # would be "stop at once, without a checkpoint")
-    procs = [subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True) for env in envs]
+    # as torchrun does: several processes on one node start with one OpenMP thread each unless told otherwise
+    threads = {"OMP_NUM_THREADS": "1"} if len(envs) > 1 and "OMP_NUM_THREADS" not in os.environ else {}
+    procs = [subprocess.Popen(argv, env={**os.environ, **threads, **env}, start_new_session=True) for env in envs]
 
     def forward(signum: int, _frame: object) -> None:
         for proc in procs:
