@@ -19,6 +19,8 @@ process, so a CUDA fault in one leaves the others measurable; the
 script exits 1 if any case crashed or saw a non-finite reward, advantage, loss or gradient norm.
 ``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
 The ``:suites`` cases run a few prompts of two evaluation suites (``flowrl suite``) on the tiny and ~1B models.
+``--flow-grpo PATH`` (a local clone of the official Flow-GRPO code) then times its trainer beside flowrl's on a
+~1B-parameter SD3 (scripts/peer_speed.py, setting ``sd3_1b_cuda``).
 """
 
 from __future__ import annotations
@@ -318,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         default="no-cudnn",
         help="trainer.attention_kernels: the CUDA attention kernels allowed (auto: torch's choice, cuDNN included)",
     )
+    parser.add_argument("--flow-grpo", type=Path, default=None, help="a local clone of yifan123/flow_grpo: after the"
+                        " cases, its trainer beside flowrl's on a ~1B SD3 (scripts/peer_speed.py -s sd3_1b_cuda)")
     args = parser.parse_args(argv)
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the trainer places everything on CUDA when it sees one
@@ -386,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<20} FAILED (exit status {returncode})", flush=True)
         ok = returncode == 0 and ok
     print("gpu_check:", "all finite" if ok else "FAILED: a case crashed or saw non-finite values")
+    if args.flow_grpo is not None and args.device == "cuda":
+        peers = [sys.executable, str(ROOT / "scripts" / "peer_speed.py"), "--flow-grpo", str(args.flow_grpo), "-s",
+                 "sd3_1b_cuda", "--rounds", "2", "--iterations", "3", "--markdown"]
+        ok = subprocess.run(peers).returncode == 0 and ok
     return 0 if ok else 1
 
 

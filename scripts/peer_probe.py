@@ -200,6 +200,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     torch.set_num_threads(1)
+    if job.get("tf32") and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True  # as the official trainer's allow_tf32 (default on) does
     probe = Probe()
     install(probe)
     (run_official if job["side"] == "official" else run_flowrl)(job, probe)

@@ -4,6 +4,9 @@
     python scripts/peer_speed.py --flow-grpo ~/src/flow_grpo -s lora32 -r 8  # one setting, 8 rounds
     python scripts/peer_speed.py --flow-grpo ~/src/flow_grpo --markdown      # the tables docs/performance.md shows
 
+On a CPU the default settings are the CPU ones; on a CUDA machine, the ~1B-parameter ``sd3_1b_cuda``
+(``scripts/gpu_check.py --flow-grpo PATH`` runs it after its own cases).
+
 ``--flow-grpo`` is a local clone of https://github.com/yifan123/flow_grpo; nothing of it is copied into flowrl.
 Its trainer (``scripts/train_sd3.py``) runs unchanged from the clone; the few things changed in memory at run
 time are listed by ``--patches`` (scripts/peer_probe.py). It needs ``absl-py`` and ``ml_collections`` besides
@@ -48,6 +51,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "lora32_20steps": {"resolution": 32, "steps": 20, "prompts": 2, "group": 4, "lora": True, "model": {}},
     "lora64_wider": {"resolution": 64, "steps": 10, "prompts": 2, "group": 4, "lora": True,
                      "model": {"num_layers": 4, "attention_head_dim": 16, "pos_embed_max_size": 32}},
+    # CUDA only (scripts/gpu_check.py --flow-grpo): a ~1B-parameter SD3 transformer (24 joint blocks, width 1024)
+    # with the tiny text encoders and VAE, 128 px (1,024 image tokens), groups of 8; float32 weights with TF32
+    # matmuls on both sides (the official trainer keeps the LoRA run's transformer in float32 and turns TF32 on)
+    "sd3_1b_cuda": {"resolution": 128, "steps": 10, "prompts": 2, "group": 8, "lora": True, "cuda": True,
+                    "model": {"num_layers": 24, "attention_head_dim": 64, "num_attention_heads": 16,
+                              "pos_embed_max_size": 32}},
 }
 COLOURS = ("red", "blue", "green", "yellow", "white", "black", "purple", "orange")
 THINGS = ("cat", "dog", "car", "house", "tree", "bird", "boat", "chair", "apple", "clock")
@@ -208,7 +217,7 @@ def run_side(side: str, paths: dict[str, Path], clone: Path, iterations: int, wo
     """One fresh process of ``side``; its figures (scripts/peer_probe.py)."""
     work.mkdir(parents=True, exist_ok=True)
     job: dict[str, Any] = {"side": "official" if side == "official" else "flowrl", "iterations": iterations,
-                           "out": str(work / "figures.json")}
+                           "out": str(work / "figures.json"), "tf32": True}
     if side == "official":
         job.update(clone=str(clone), config=str(paths["config"]))
     else:
@@ -280,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-r", "--rounds", type=int, default=4, help="runs of each side per setting (default 4)")
     parser.add_argument("-n", "--iterations", type=int, default=3, help="timed iterations per run (default 3)")
     parser.add_argument("--json", type=Path, help="also write every run's figures to this file")
+    parser.add_argument("--work", type=Path, help="keep the models, configs and every run's log here (default: a"
+                        " temporary folder, removed at the end)")
     parser.add_argument("--markdown", action="store_true", help="print only the tables")
     parser.add_argument("--patches", action="store_true", help="list what is changed in the official code, and exit")
     args = parser.parse_args(argv)
@@ -301,10 +312,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.rounds < 1 or args.iterations < 1:
         parser.error("--rounds and --iterations must be at least 1")
-    names = args.setting or list(SETTINGS)
+    import torch
+
+    names = args.setting or [n for n, s in SETTINGS.items() if s.get("cuda", False) == torch.cuda.is_available()]
+    if any(SETTINGS[n].get("cuda") for n in names) and not torch.cuda.is_available():
+        print("peer_speed: the *_cuda settings need a CUDA device", file=sys.stderr)
+        return 2
     results: dict[str, dict[str, Any]] = {}
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    with tempfile.TemporaryDirectory(prefix="peer_speed_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="peer_speed_") as scratch:
+        tmp = str(args.work or scratch)
         for name in names:
             paths = prepare(name, SETTINGS[name], Path(tmp) / name, clone.resolve())
             runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
