@@ -76,3 +76,28 @@ def test_summary_lists_alerts_and_a_missing_best(tmp_path: Path) -> None:
     shutil.rmtree(run)
     run.mkdir()
     assert "no iteration was logged" in run_summary(run)
+
+
+def test_summary_says_which_update_ran_and_why(tmp_path: Path) -> None:
+    """retain with its largest graphs, a fall-back to recompute under auto, and auto's reason for recompute."""
+    run = tmp_path / "run"
+    run.mkdir()
+    auto = recipe_from_dict(tiny_recipe())
+    kept = [{"step": k, "nfe": 10 * k, "wall_s": k, "loss": 0.0, "update/retained_mb": mb}
+            for k, mb in ((1, 3.25), (2, 4.5))]
+    plain = {"step": 3, "nfe": 30, "wall_s": 3.0, "loss": 0.0}
+    for rows, want in (
+        (kept, "update: retain (trainer.update = auto: exact for this recipe); the rollouts kept graphs of at most"
+               " 4.5 MB an iteration"),
+        ([*kept, plain], "update: retain until step 2, then recompute (trainer.update = auto: the retained graphs"
+                         " outgrew the memory free on the device)"),
+    ):
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert want in run_summary(run, "", auto).splitlines()
+    (run / "metrics.jsonl").write_text(json.dumps(plain) + "\n")
+    epochs = recipe_from_dict(tiny_recipe(inner_epochs=2))
+    assert ("update: recompute (trainer.update = auto: retain is not exact with trainer.inner_epochs: 2 inner "
+            "epochs differentiate moved weights)") in run_summary(run, "", epochs).splitlines()
+    asked = recipe_from_dict(tiny_recipe(update="recompute"))
+    assert "update: recompute (trainer.update = recompute)" in run_summary(run, "", asked).splitlines()
+    assert not any(line.startswith("update:") for line in run_summary(run).splitlines())  # no recipe, no line

@@ -47,7 +47,7 @@ def train(args: argparse.Namespace) -> int:
     with refused_writes(run_dir, "free space (or mend the folder) and continue with --resume"):
         out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     if os.environ.get("RANK", "0") == "0":
-        print(run_summary(out, recipe.trainer.keep_best))
+        print(run_summary(out, recipe.trainer.keep_best, recipe))
     return 0
 
 

@@ -47,9 +47,10 @@ def _alerts(rows: list[dict[str, Any]]) -> list[str]:
     return [f"{key} at {len(steps)} step(s), {steps[0]}..{steps[-1]}" for key, steps in seen.items()]
 
 
-def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
-    """Lines for the end of ``flowrl train``: iterations and NFE, the first and last evaluation with their
-    standard errors, the best step and its checkpoint, the alerts that fired, and the commands to run next."""
+def run_summary(run_dir: Path, keep_best: str = "auto", recipe: Any = None) -> str:
+    """Lines for the end of ``flowrl train``: iterations and NFE, the update mode the run used (given its
+    ``recipe``), the first and last evaluation with their standard errors, the best step and its checkpoint, the
+    alerts that fired, and the commands to run next."""
     rows = read_metrics(run_dir / "metrics.jsonl")
     trained = [r for r in rows if r.get("step", 0) > 0 and "loss" in r]
     lines = [f"run folder: {run_dir}"]
@@ -58,6 +59,8 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
     last = rows[-1]
     lines.append(f"trained: {last['step']} iterations, {last.get('nfe', 0):,} rollout NFE, "
                  f"{last.get('wall_s', 0.0):.0f} s (evaluations not counted)")
+    if recipe is not None and trained:
+        lines.append(update_line(recipe, trained))
     if last.get("skipped_steps"):
         lines.append(f"skipped: {last['skipped_steps']} iterations for NaN or inf")
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
@@ -93,3 +96,27 @@ def run_summary(run_dir: Path, keep_best: str = "auto") -> str:
         lines.append(f"  flowrl eval {run_dir} --checkpoint best     # the best evaluation's weights again")
     lines.append(f"  flowrl sample {run_dir} --prompt \"...\" --out samples.png")
     return "\n".join(lines)
+
+
+def update_line(recipe: Any, trained: list[dict[str, Any]]) -> str:
+    """What ``trainer.update`` did: retain (with the largest graphs it kept) or recompute, and why under auto.
+    Iterations that kept graphs log ``update/retained_mb``; under auto a run whose graphs outgrew the memory
+    stops logging it and recomputes from then on."""
+    from flowrl.update_modes import retain_conflicts
+
+    asked = recipe.trainer.update
+    kept = [r for r in trained if "update/retained_mb" in r]
+    source = f"trainer.update = {asked}"
+    if kept and kept[-1] is trained[-1]:
+        most = max(float(r["update/retained_mb"]) for r in kept)
+        why = ": exact for this recipe" if asked == "auto" else ""
+        return f"update: retain ({source}{why}); the rollouts kept graphs of at most {most:,.1f} MB an iteration"
+    if kept:
+        return (f"update: retain until step {kept[-1]['step']}, then recompute ({source}: the retained graphs "
+                "outgrew the memory free on the device)")
+    if asked == "auto":
+        conflicts = retain_conflicts(recipe)
+        why = (f"retain is not exact with {conflicts[0][0]}: {conflicts[0][1]}" if conflicts
+               else "retain is not exact: the transformer has active dropout, or no trained input was kept")
+        return f"update: recompute ({source}: {why})"
+    return f"update: recompute ({source})"
