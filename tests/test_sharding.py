@@ -58,8 +58,8 @@ def command(recipe: Path, out: str, processes: int, *extra: str) -> list[str]:
     return [*head, "flowrl.cli.main", "train", str(recipe), "--output-dir", out, "--quiet", *extra]
 
 
-def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+def start(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **env_extra}
     return subprocess.Popen(
         args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -79,6 +79,29 @@ def kill_tree(proc: subprocess.Popen[str]) -> None:
     launcher = psutil.Process(proc.pid)
     for process in [*launcher.children(recursive=True), launcher]:
         process.send_signal(signal.SIGKILL)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def two_nodes(recipe: Path, out: str, cwd: Path) -> None:
+    """`flowrl launch -- train RECIPE` as node 0 and node 1 of two on 127.0.0.1 (gloo), two processes each; the run
+    folder is shared, each node has its own scratch folder (TMPDIR, HF_HOME), as on a cluster."""
+    port = str(free_port())
+    nodes = []
+    for rank in (0, 1):
+        scratch = cwd / f"scratch_{rank}"
+        scratch.mkdir()
+        nodes.append(start([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
+                            str(rank), "--nproc-per-node", "2", "--master-port", port, "--", "train", str(recipe),
+                            "--output-dir", out, "--quiet"], cwd, TMPDIR=str(scratch), HF_HOME=str(scratch / "hf")))
+    outs = [node.communicate(timeout=900) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [out[1][-3000:] for out in outs]
 
 
 def rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -241,18 +264,9 @@ def test_hybrid_sharding_on_two_nodes_of_two_equals_one_process(flux: dict[str, 
     """trainer.sharding = "hybrid" on two loopback nodes of two processes (flowrl launch): each node shards one copy
     (every process holds half of each Adam moment), the nodes replicate it; the run equals one unsharded process
     with the same global batch, and one process resumes its checkpoint from the first node's slices."""
-    import socket
-
     hybrid = write(tmp_path / "hybrid.toml", flux, 1, "hybrid", False, max_steps=2, checkpoint_every=1,
                    keep_checkpoints=5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    nodes = [start([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank", str(rank),
-                    "--nproc-per-node", "2", "--master-port", port, "--", "train", str(hybrid), "--output-dir",
-                    "hybrid", "--quiet"], tmp_path) for rank in (0, 1)]
-    outs = [node.communicate(timeout=900) for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], [out[1][-3000:] for out in outs]
+    two_nodes(hybrid, "hybrid", tmp_path)
     one = write(tmp_path / "one.toml", flux, 4, "none", False, max_steps=2)
     run(command(one, "one", 1), tmp_path)
     for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "hybrid"), strict=True):  # tolerances as above
@@ -272,3 +286,43 @@ def test_hybrid_sharding_on_two_nodes_of_two_equals_one_process(flux: dict[str, 
     run(command(one, "resumed", 1, "--resume", "hybrid/checkpoints/step_000001"), tmp_path)
     resumed = load_file(str(tmp_path / "resumed" / final / "weights.safetensors"))
     assert max(float((resumed[k] - expected[k]).abs().max()) for k in expected) <= 1e-6
+
+
+@pytest.mark.parametrize(("sharding", "lora"), [("none", False), ("none", True), ("fsdp", False), ("fsdp", True)],
+                         ids=["ddp-full", "ddp-lora", "fsdp-full", "fsdp-lora"])
+def test_two_nodes_of_two_equal_one_process(flux: dict[str, Any], sharding: str, lora: bool, tmp_path: Path) -> None:
+    """DDP and FSDP2 (sharded over all 4 processes), full fine-tuning and LoRA, on two loopback nodes of two
+    processes each: the run equals one unsharded process with the same global batch; the shared run folder holds
+    the files one process writes (each written once, by the global main; a sharded checkpoint adds one slice per
+    process) and nothing lands in a node's scratch folder. Sharded, one node of 4 processes resumes the two-node
+    checkpoint as the one-process run continues."""
+    nodes = write(tmp_path / "nodes.toml", flux, 1, sharding, lora, max_steps=2, checkpoint_every=1,
+                  keep_checkpoints=5)
+    two_nodes(nodes, "nodes", tmp_path)
+    one = write(tmp_path / "one.toml", flux, 4, "none", lora, max_steps=2, checkpoint_every=1, keep_checkpoints=5)
+    run(command(one, "one", 1), tmp_path)
+    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "nodes"), strict=True):  # tolerances as above
+        assert a["nfe"] == b["nfe"]
+        for key in ("reward/total", "advantage/abs_mean", "grad_norm"):
+            assert math.isclose(a[key], b[key], rel_tol=1e-5), (key, a[key], b[key])
+        assert abs(a["loss"] - b["loss"]) <= 1e-6, ("loss", a["loss"], b["loss"])
+    final = "checkpoints/step_000002/weights.safetensors"
+    expected = load_file(str(tmp_path / "one" / final))
+    got = load_file(str(tmp_path / "nodes" / final))
+    assert expected.keys() == got.keys() and max(float((got[k] - expected[k]).abs().max()) for k in expected) <= 1e-6
+
+    def files(run_dir: Path) -> set[str]:
+        return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()}
+
+    slices = {f"checkpoints/step_{s:06d}/shard_{r:03d}.pt" for s in (1, 2) for r in range(4)}
+    varying = {"events", "run.log"}  # TensorBoard's file names carry the host and process id
+    keep = lambda names: {n for n in names if not any(v in n for v in varying)}  # noqa: E731
+    assert keep(files(tmp_path / "nodes")) == keep(files(tmp_path / "one")) | (slices if sharding == "fsdp" else set())
+    assert not [p for rank in (0, 1) for p in (tmp_path / f"scratch_{rank}").rglob("*")]
+    if sharding == "fsdp":
+        port = str(free_port())
+        run([sys.executable, "-m", "flowrl.cli.main", "launch", "--nproc-per-node", "4", "--master-port", port, "--",
+             "train", str(nodes), "--output-dir", "four", "--quiet", "--resume", "nodes/checkpoints/step_000001"],
+            tmp_path)
+        resumed = load_file(str(tmp_path / "four" / final))
+        assert max(float((resumed[k] - expected[k]).abs().max()) for k in expected) <= 1e-6
