@@ -318,6 +318,7 @@ def test_two_nodes_of_two_equal_one_process(flux: dict[str, Any], sharding: str,
     varying = {"events", "run.log"}  # TensorBoard's file names carry the host and process id
     keep = lambda names: {n for n in names if not any(v in n for v in varying)}  # noqa: E731
     assert keep(files(tmp_path / "nodes")) == keep(files(tmp_path / "one")) | (slices if sharding == "fsdp" else set())
+    assert len(list((tmp_path / "nodes" / "tb").glob("events*"))) == 1  # one TensorBoard writer, the global main
     assert not [p for rank in (0, 1) for p in (tmp_path / f"scratch_{rank}").rglob("*")]
     if sharding == "fsdp":
         port = str(free_port())
