@@ -19,8 +19,9 @@ CFG 4.5, groups of ``group`` images for ``prompts`` prompts, every step an SDE s
 first ``int(0.99 * steps)`` trained, JPEG compressibility as the reward, group-normalised advantages with the
 global std, PPO clip 1e-4, no KL, LoRA rank 32 / alpha 64 on the official trainer's eight projections (or full
 fine-tuning), AdamW (lr 3e-4, weight decay 1e-4), gradient norm clipped at 1, one optimizer step per
-iteration, float32, one torch thread. flowrl runs twice: with its default update (``auto``) and with
-``trainer.update = "recompute"``.
+iteration, float32, one torch thread. flowrl runs three times: with its default update (``auto``), with
+``trainer.update = "recompute"``, and with ``retain`` and ``trainer.gradient_checkpointing`` (the kept graphs
+are the blocks' inputs; the backward runs each block's forward again). ``--side`` picks some of them.
 
 Each round runs every side once in a fresh process, in an order that alternates between rounds, so load on
 the machine falls on all sides alike. Printed per setting: seconds per iteration (mean over a run's timed
@@ -43,7 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OFFICIAL_LORA = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k",
                  "attn.to_out.0", "attn.to_q", "attn.to_v")
-SIDES = ("official", "flowrl", "flowrl_recompute")
+SIDES = ("official", "flowrl", "flowrl_recompute", "flowrl_checkpointed")
+# flowrl's overrides for each of its sides (its default update; recompute; retain with gradient checkpointing)
+OVERRIDES = {"flowrl": [], "flowrl_recompute": ["trainer.update=recompute"],
+             "flowrl_checkpointed": ["trainer.update=retain", "trainer.gradient_checkpointing=true"]}
 # name -> resolution, steps, prompts per iteration, group size, LoRA (False: full fine-tuning), model sizes
 SETTINGS: dict[str, dict[str, Any]] = {
     "lora32": {"resolution": 32, "steps": 10, "prompts": 2, "group": 4, "lora": True, "model": {}},
@@ -221,8 +225,7 @@ def run_side(side: str, paths: dict[str, Path], clone: Path, iterations: int, wo
     if side == "official":
         job.update(clone=str(clone), config=str(paths["config"]))
     else:
-        job.update(recipe=str(paths["recipe"]), run_dir=str(work / "run"),
-                   overrides=["trainer.update=recompute"] if side == "flowrl_recompute" else [])
+        job.update(recipe=str(paths["recipe"]), run_dir=str(work / "run"), overrides=OVERRIDES[side])
     (work / "job.json").write_text(json.dumps(job))
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT)}
@@ -286,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--flow-grpo", type=Path, help="a local clone of yifan123/flow_grpo")
     parser.add_argument("-s", "--setting", action="append", choices=sorted(SETTINGS), help="default: every one")
+    parser.add_argument("--side", action="append", choices=SIDES[1:], help="flowrl's sides to run beside the"
+                        " official trainer (default: every one)")
     parser.add_argument("-r", "--rounds", type=int, default=4, help="runs of each side per setting (default 4)")
     parser.add_argument("-n", "--iterations", type=int, default=3, help="timed iterations per run (default 3)")
     parser.add_argument("--json", type=Path, help="also write every run's figures to this file")
@@ -318,20 +323,21 @@ def main(argv: list[str] | None = None) -> int:
     if any(SETTINGS[n].get("cuda") for n in names) and not torch.cuda.is_available():
         print("peer_speed: the *_cuda settings need a CUDA device", file=sys.stderr)
         return 2
+    sides = ("official", *(args.side or SIDES[1:]))
     results: dict[str, dict[str, Any]] = {}
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="peer_speed_") as scratch:
         tmp = str(args.work or scratch)
         for name in names:
             paths = prepare(name, SETTINGS[name], Path(tmp) / name, clone.resolve())
-            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+            runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
             for k in range(args.rounds):
-                order = SIDES if k % 2 == 0 else SIDES[::-1]
+                order = sides if k % 2 == 0 else sides[::-1]
                 for side in order:
                     runs[side].append(run_side(side, paths, clone.resolve(), args.iterations,
                                                Path(tmp) / name / f"{side}_{k}"))
                 if not args.markdown:
-                    last = {side: runs[side][-1] for side in SIDES}
+                    last = {side: runs[side][-1] for side in sides}
                     s = {side: statistics.fmean(i["seconds"] for i in r["iterations"]) for side, r in last.items()}
                     print(f"{name} round {k + 1}/{args.rounds}: " + ", ".join(f"{side} {v:.2f} s/it"
                                                                             for side, v in s.items()), flush=True)

@@ -51,21 +51,21 @@ def test_both_sides_get_the_same_work(tmp_path: Path) -> None:
         assert all(w in words for w in prompt.split()), prompt  # prompts decode back to themselves officially
 
 
-@pytest.mark.parametrize("update", ["auto", "recompute"])
-def test_the_probe_counts_what_flowrl_counts(update: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("side", ["flowrl", "flowrl_recompute", "flowrl_checkpointed"])
+def test_the_probe_counts_what_flowrl_counts(side: str, tmp_path: Path) -> None:
     """flowrl's side through the probe: transformer rows with gradient are the trained steps' conditional rows;
-    with and without gradient they add up to flowrl's own NFE (retain), or the update's frozen unconditional
-    rows come on top (recompute); every phase's seconds are finite and within the iteration's."""
+    with and without gradient they add up to flowrl's own NFE (retain, with or without gradient checkpointing,
+    whose block recomputation is inside the backward), or the update's frozen unconditional rows come on top
+    (recompute); every phase's seconds are finite and within the iteration's."""
     setting = {**peer_speed.SETTINGS["lora32"], "steps": 4}
     paths = peer_speed.prepare("lora32", setting, tmp_path, tmp_path / "clone")
-    side = "flowrl" if update == "auto" else "flowrl_recompute"
     figures = peer_speed.run_side(side, paths, tmp_path / "clone", 1, tmp_path / side)
     [iteration] = figures["iterations"]
     lines = (tmp_path / side / "run" / "metrics.jsonl").read_text().splitlines()
     nfe = json.loads(lines[-1])["nfe"] - json.loads(lines[-2])["nfe"]  # the timed iteration's (nfe is cumulative)
     rows, images = iteration["rows"], setting["prompts"] * setting["group"]
     assert rows["grad"] == int(0.99 * setting["steps"]) * images
-    if update == "auto":
+    if side != "flowrl_recompute":
         assert figures["update"] == "retain" and rows["grad"] + rows["no_grad"] == nfe
     else:
         assert figures["update"] == "recompute" and rows["no_grad"] == nfe + rows["grad"]
