@@ -5,7 +5,6 @@ No test uploads anything: the network case points the hub client at a closed loc
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 from conftest import tiny_recipe
 from safetensors.torch import load_file
+from served import free_port
 
 from flowrl.cli.main import main as flowrl
 from flowrl.recipe import recipe_from_dict
@@ -138,12 +138,6 @@ def test_the_card_gives_the_worlds_figures_with_their_intervals(tmp_path: Path) 
     assert "a mean alone" not in card.split("## Samples")[0].split("`eval/strict`")[0]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_refusals_are_one_line_and_write_nothing(
     lora_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -173,7 +167,7 @@ def test_refusals_are_one_line_and_write_nothing(
     assert "no Hugging Face token" in capsys.readouterr().err and not (tmp_path / "d").exists()
     # a token but no hub to reach: the folder is written, the upload fails in one line
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
-    monkeypatch.setattr(hub_constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setattr(hub_constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
     out = tmp_path / "e"
     assert flowrl(["export", str(lora_run), "--out", str(out), "--per-prompt", "0", "--push-to-hub", "me/x"]) == 2

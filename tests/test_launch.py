@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, tiny_recipe
+from served import free_port
 
 from flowrl.cli.main import main
 from flowrl.cluster import ClusterError, first_host, resolve, worker_command, worker_env
@@ -85,15 +85,9 @@ def test_dry_run_prints_the_command_and_errors_are_one_line(
     assert "give the flowrl command to run after --" in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def two_nodes(cwd: Path, recipe: str, out: str, env: dict[str, str]) -> list[subprocess.Popen[str]]:
     """`flowrl launch -- train RECIPE` as node 0 and node 1 of two on 127.0.0.1, one process each."""
-    port = str(_free_port())
+    port = str(free_port())
     return [subprocess.Popen([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
                               str(rank), "--nproc-per-node", "1", "--master-port", port, "--", "train", recipe,
                               "--output-dir", out, "--quiet"], cwd=cwd, env=env, stdout=subprocess.PIPE,
@@ -144,7 +138,7 @@ def test_a_node_that_never_joins_ends_the_others_with_one_line(rank: int, tmp_pa
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank", str(rank),
-                          "--nproc-per-node", "1", "--master-port", str(_free_port()), "--join-timeout", "3", "--",
+                          "--nproc-per-node", "1", "--master-port", str(free_port()), "--join-timeout", "3", "--",
                           "train", "missing.toml"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
     lines = [line for line in out.stderr.splitlines() if line.strip()]
