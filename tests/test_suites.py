@@ -144,7 +144,7 @@ def test_world_suite_reproduces_flowrl_eval_and_compares(tmp_path: Path, capsys:
     assert _run("run", "world", EGRPO, "--out", str(out), "--prompts", "24", "--quiet") == 0
     assert (out / "egrpo-initial" / "world" / "scores.jsonl").read_text() == scores  # nothing redone
     text = capsys.readouterr().out
-    assert "NOT comparable" in text and "| strict |" in text
+    assert "NOT comparable" in text and "| **strict** |" in text and "a subset: 24 of the 256 published" in text
 
 
 def test_stages_resume_and_refuse_damage(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -139,7 +139,8 @@ def policy_for(path: Path, protocol: Any, lora: str = "") -> tuple[Any, Any]:
     from flowrl.types import Schedule
 
     recipe_file = path if path.suffix == ".toml" else find_checkpoint(path) / "recipe.toml"
-    fields = attrs.fields_dict(load_recipe(recipe_file).parts["backbone"].cls.Config)
+    recipe = load_recipe(recipe_file)
+    fields = attrs.fields_dict(recipe.parts["backbone"].cls.Config)
     overrides = []
     for key in ("resolution", "guidance"):
         wanted = getattr(protocol, key)
@@ -148,6 +149,7 @@ def policy_for(path: Path, protocol: Any, lora: str = "") -> tuple[Any, Any]:
                 raise UserError(f"the protocol sets {key} = {wanted}, but the base of {path} has no {key} setting;"
                                 f" run it with --protocol {key}=... matching the base (not comparable)")
             overrides.append(f"backbone.{key}={wanted}")
+    warn_if_unlike_training(path, protocol, recipe)
     if lora:
         overrides.append(f"lora.init={json.dumps(str(Path(lora).resolve()))}")
     policy = load_policy(path, overrides)
@@ -160,14 +162,33 @@ def policy_for(path: Path, protocol: Any, lora: str = "") -> tuple[Any, Any]:
     return policy, filled
 
 
+def warn_if_unlike_training(path: Path, protocol: Any, recipe: Any) -> None:
+    """A protocol far from what the base works at (a 512 px, 40-step protocol on a 32 px model): say so, with how
+    much more work an image is, before anything is generated."""
+    trained = getattr(recipe.parts["backbone"].config, "resolution", None)
+    steps = recipe.schedule.num_steps
+    notes = []
+    if protocol.resolution is not None and trained and protocol.resolution != trained:
+        notes.append(f"{protocol.resolution} px where the base of {path} works at {trained} px")
+    if protocol.steps > 2 * steps:
+        notes.append(f"{protocol.steps} steps where its recipe samples {steps}")
+    if notes:
+        scale = protocol.resolution / trained if protocol.resolution and trained else 1.0
+        work = scale**2 * protocol.steps / steps
+        print(f"warning: the protocol asks {' and '.join(notes)}: each image is about {work:.0f}x the work of one of "
+              "its own samples, and the base may never have seen that size; the progress bar gives the time left",
+              file=sys.stderr)
+
+
 def run_command(args: argparse.Namespace) -> int:
     from flowrl.suites import stages
-    from flowrl.suites.compare import compare, markdown
+    from flowrl.trainer.writes import check_writable
 
     name, suite, settings = build_suite(args.suite, args.set)
     pinned = suite.protocol()
+    changes = {k.strip(): _value(v) for k, _, v in (p.partition("=") for p in args.protocol)}
     try:
-        protocol = pinned.evolve({k.strip(): _value(v) for k, _, v in (p.partition("=") for p in args.protocol)})
+        protocol = pinned.evolve(changes)
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"--protocol: {error}") from None
     if args.tag and len(args.tag) != len(args.paths):
@@ -178,47 +199,84 @@ def run_command(args: argparse.Namespace) -> int:
                         " with --tag")
     shard = _shard(args.shard)
     out = Path(args.out) if args.out else default_out(split_column(args.paths[0])[0])
+    if shard[0] == 0:  # one process probes (another's probe folder could vanish under it)
+        check_writable(out, "--out")  # before any model loads
     folders = [out / tag / name for tag in tags]
     # what makes the images (run.json; another value is another result) and what scores them (scoring.json)
     scoring = {k: v for k, v in settings.items() if k in suite.scoring}
     images = {k: v for k, v in settings.items() if k not in suite.scoring}
     if args.stage in ("generate", "all"):
         suite.items()  # the prompts are here, before any model loads
+        if args.stage == "all" and shard[1] == 1:
+            suite.check()  # every scorer's extras, weights or server, before hours of generation
         for column, tag, folder in zip(args.paths, tags, folders, strict=True):
             path, lora = split_column(column)
             policy, used = policy_for(path, protocol, lora)
             print(policy.describe() + (f" with the LoRA {lora}" if lora else ""), file=sys.stderr)
             facts = {"suite": name, "config": images, "protocol": used.to_dict(), "pinned": protocol == pinned,
-                     "limit": args.prompts, "tag": tag, "checkpoint": str(policy.source), "step": policy.step,
-                     "weights_sha256": stages.weights_hash(policy.source, lora), "source": suite.source}
-            made = stages.generate(policy, suite, protocol, folder, facts, shard, args.prompts, args.batch, args.quiet)
+                     "protocol_changes": changes, "limit": args.prompts, "tag": tag, "checkpoint": str(policy.source),
+                     "step": policy.step, "weights_sha256": stages.weights_hash(policy.source, lora),
+                     "source": suite.prompt_source()}
+            with stages.folder_lock(folder, f"generating shard {shard[0]} of {shard[1]}"):
+                made = stages.generate(policy, suite, protocol, folder, facts, shard, args.prompts, args.batch,
+                                       args.quiet)
             print(f"{folder}: {made} images made", file=sys.stderr)
     if args.stage == "generate" or (args.stage == "all" and shard[1] > 1):
         return 0  # a shard: the others may still be generating; score once they are done (--stage score)
     for folder in folders:
-        summary = stages.score(suite, folder, args.batch, args.quiet, scoring)
-        print(f"{folder}: {summary['primary']} = {summary['figures'].get(summary['primary'])}", file=sys.stderr)
-    result = compare(folders)
-    write_comparison(result, out / f"comparison-{name}")
+        with stages.folder_lock(folder, "scoring"):
+            summary = stages.score(suite, folder, args.batch, args.quiet, scoring)
+        value = summary["figures"].get(summary["headline"]["figure"])
+        print(f"{folder}: {summary['headline']['figure']} = {value}", file=sys.stderr)
+        if not summary["complete"]:
+            print(f"warning: {folder}: {summary['images']} of {summary['expected_images']} images were generated "
+                  "(a shard is missing?): the figures cover only those, and the result is not comparable",
+                  file=sys.stderr)
+    where = out / f"comparison-{name}"
+    result = write_comparison(with_earlier(folders, where), where)
+    from flowrl.suites.compare import markdown
+
     print(markdown(result))
+    print(f"wrote {where}/comparison.md, .json, .png and .pdf", file=sys.stderr)
     return 0
 
 
-def write_comparison(result: dict[str, Any], out: Path) -> None:
-    """``comparison.json``, ``comparison.md`` and ``comparison.png`` in ``out``."""
-    from flowrl.suites.compare import markdown, plot
+def with_earlier(folders: list[Path], where: Path) -> list[Path]:
+    """``folders`` after the columns of the comparison already in ``where``: a second run adds its columns, and
+    the first column stays the baseline (result folders since removed are left out)."""
+    earlier = where / "comparison.json"
+    try:
+        found = json.loads(earlier.read_text()) if earlier.exists() else {}
+        before = [Path(f) for table in found.get("tables", []) for f in table.get("folders", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        before = []  # a damaged comparison is written anew
+    kept = [f for f in before if (f / "summary.json").exists()]
+    return kept + [f for f in folders if f not in kept]
 
+
+def write_comparison(folders: list[Path], out: Path) -> dict[str, Any]:
+    """Compare ``folders`` and write ``comparison.json``, ``.md``, ``.png`` (300 dpi) and ``.pdf`` in ``out`` (the
+    first two through a fresh file renamed into place); returns the comparison."""
+    from flowrl.suites.compare import compare, markdown, plot
+    from flowrl.suites.stages import write_atomically
+
+    result = compare(folders)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "comparison.json").write_text(json.dumps(result, indent=1, allow_nan=True))
-    (out / "comparison.md").write_text(markdown(result))
+    write_atomically(out / "comparison.json", json.dumps(result, indent=1, allow_nan=True))
+    write_atomically(out / "comparison.md", markdown(result))
     plot(result, out / "comparison.png")
+    return result
 
 
 def compare_command(args: argparse.Namespace) -> int:
     from flowrl.suites.compare import compare, markdown
+    from flowrl.trainer.writes import check_writable
 
-    result = compare([Path(f) for f in args.folders])
+    folders = [Path(f) for f in args.folders]
     if args.out:
-        write_comparison(result, Path(args.out))
+        check_writable(Path(args.out), "--out")
+        result = write_comparison(folders, Path(args.out))
+    else:
+        result = compare(folders)
     print(markdown(result))
     return 0

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from flowrl.errors import UserError
 from flowrl.registry import build, register
-from flowrl.suites.interface import Item, Suite
+from flowrl.suites.interface import Item, Suite, plain
 from flowrl.suites.prompt_sets import suite_items
 from flowrl.suites.protocol import Protocol
 
@@ -22,6 +22,7 @@ class WorldSuite(Suite):
     """The embedded world's test split (256 prompts, 64 per kind) scored by its verifier: flowrl eval's figures."""
 
     primary = "strict"
+    fractions = ("strict", "score")
     lossless = True  # the verifier reads float images, as flowrl eval scores them
     source = "flowrl's embedded world (docs/world.md): the held-out split of the world prompt source"
 
@@ -76,6 +77,14 @@ class RewardSuite(Suite):
     def items(self) -> list[Item]:
         return suite_items(self.config.prompts, self.prompt_set)
 
+    def scorer_problems(self, scoring: dict[str, Any]) -> list[str]:
+        given = scoring.get("scorers") or ()
+        if not given or plain(given) == plain(self.default_scorers):
+            return []
+        names = ", ".join(str(s.get("name", s.get("type", "?"))) for s in given if isinstance(s, dict))
+        own = ", ".join(str(s.get("name", s.get("type"))) for s in self.default_scorers) or "none"
+        return [f"scored by {names}, not the suite's own scorers ({own})"]
+
     def models(self) -> list[tuple[str, Any]]:
         if self._models is None:
             specs = self.config.scorers or self.default_scorers
@@ -90,8 +99,19 @@ class RewardSuite(Suite):
         return self._models
 
     def check(self) -> None:
-        for _, model in self.models():
-            model.check()
+        """Every scorer's extras, weights or server, all missing ones named in one message."""
+        problems = []
+        try:
+            models = self.models()
+        except UserError as error:
+            raise UserError(f"suite '{self.registered_name}': {error}") from None
+        for name, model in models:
+            try:
+                model.check()
+            except UserError as error:
+                problems.append(f"{name}: {error}")
+        if problems:
+            raise UserError(f"suite '{self.registered_name}' cannot score: " + "; ".join(problems))
 
     def score(self, images: Tensor, items: Sequence[Item]) -> list[dict[str, float]]:
         from flowrl.rewards.frames import score_pictures
@@ -147,6 +167,7 @@ class OCRSuite(RewardSuite):
 
     prompt_set = "ocr"
     default_scorers = OCR
+    fractions = ("ocr",)
     source = "a file of prompts with the text to render in quotes (Flow-GRPO's OCR test prompts, one a line)"
     def protocol(self) -> Protocol:
         # Flow-GRPO's OCR evaluation setting for SD3.5-M: 512 px, 40 steps, guidance 4.5

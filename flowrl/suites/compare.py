@@ -1,81 +1,72 @@
-"""Several checkpoints on one suite: one table with 95% intervals and paired tests against the first column.
+"""Several checkpoints on one suite: tables with 95% intervals, and paired tests against the first column.
 
-Every column of a suite saw the same prompts with the same initial noise (the protocol fixes both), so the
-columns are compared prompt by prompt: the difference of each prompt's figure (the mean over its images) is
-tested with a paired t-test (two-sided, n - 1 degrees of freedom) and its mean given a t interval. A result
-made under another protocol than the suite's pinned one, or on a subset of its prompts, is not comparable
-with the published figures: it gets its own table, never a column beside the pinned ones.
+A table holds either the results comparable with published figures or those that are not
+(:mod:`flowrl.suites.comparability` decides, and each column of the second says why). Its first row is the suite's
+headline as its source defines it (GenEval: the mean over tags), then the headline per category, then the other
+figures. A later column is paired with the first only on the prompts both made from the same initial noise
+(:func:`flowrl.suites.comparability.pairing`); otherwise its cell says why there is no test. The statistics are
+:mod:`flowrl.suites.stats`'.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flowrl.suites.comparability import pairing
 from flowrl.suites.stages import SUMMARY, SuiteError
+from flowrl.suites.stats import interval, mean_interval, paired, t_quantile
 
+__all__ = ["compare", "markdown", "plot", "cell_text", "load_summary", "mean_interval", "paired", "t_quantile"]
 
-def t_quantile(p: float, df: float) -> float:
-    """The t value with two-sided tail probability ``p`` (bisection on Student's t tail of flowrl.bench.stats)."""
-    from flowrl.bench.stats import t_two_sided_p  # here: the run report reads these tables without the bench
-
-    low, high = 0.0, 1e6
-    for _ in range(200):
-        mid = (low + high) / 2
-        if t_two_sided_p(mid, df) > p:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
-
-
-def mean_interval(values: Sequence[float]) -> tuple[float, float]:
-    """The mean and the half-width of its 95% t interval (NaN below two values)."""
-    n = len(values)
-    mean = statistics.fmean(values) if n else math.nan
-    if n < 2:
-        return mean, math.nan
-    return mean, t_quantile(0.05, n - 1) * statistics.stdev(values) / math.sqrt(n)
-
-
-def paired(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
-    """``b - a`` prompt by prompt: the mean difference, its 95% half-width, t and the two-sided p-value."""
-    diffs = [y - x for x, y in zip(a, b, strict=True)]
-    mean, half = mean_interval(diffs)
-    n = len(diffs)
-    sd = statistics.stdev(diffs) if n > 1 else math.nan
-    if n < 2 or sd == 0:
-        t = math.nan if n < 2 or mean == 0 else math.copysign(math.inf, mean)
-        p = math.nan if n < 2 else (1.0 if mean == 0 else 0.0)
-    else:
-        from flowrl.bench.stats import t_two_sided_p
-
-        t = mean / (sd / math.sqrt(n))
-        p = t_two_sided_p(t, n - 1)
-    return {"diff": mean, "half_width": half, "t": t, "p": p, "n": n}
+LEGEND = ("Each cell: the figure over the column's prompts, and its 95% interval [low, high] (Wilson's for a "
+          "proportion, with the effective n of images clustered in prompts; Student's t otherwise). Later columns "
+          "also give Δ, the paired difference from the first column on the prompts both made from the same initial "
+          "noise, with its 95% t interval, the paired t-test's two-sided p and the n of shared prompts. Column "
+          "heads: n = prompts × images per prompt.")
+REQUIRED = {"suite": str, "tag": str, "protocol": dict, "figures": dict, "prompts": list, "per_prompt": list,
+            "categories": list}
 
 
 def load_summary(folder: Path) -> dict[str, Any]:
+    """A result folder's ``summary.json``, checked enough to build a table from (one line naming it if not)."""
     path = Path(folder) / SUMMARY
     if not path.exists():
-        raise SuiteError(f"{path} is missing: score {folder} first (flowrl suite score)")
+        raise SuiteError(f"{path} is missing: score {folder} first (flowrl suite run --stage score)")
     try:
-        return dict(json.loads(path.read_text()))
-    except ValueError:
-        raise SuiteError(f"{path} is not valid JSON; score {folder} again") from None
+        summary = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise SuiteError(f"{path} is not valid JSON; score {folder} again (--stage score)") from None
+    if not isinstance(summary, dict):
+        raise SuiteError(f"{path} is not a JSON object; score {folder} again (--stage score)")
+    for key, kind in REQUIRED.items():
+        if not isinstance(summary.get(key), kind):
+            raise SuiteError(f"{path}: '{key}' is missing or not a {kind.__name__}; score {folder} again "
+                             "(--stage score)")
+    lengths = {k: len(summary[k]) for k in ("prompts", "per_prompt", "categories", "item_hashes") if k in summary}
+    if len(set(lengths.values())) > 1:
+        raise SuiteError(f"{path}: the per-prompt lists differ in length ({lengths}); score {folder} again")
+    if not all(isinstance(f, dict) and all(isinstance(v, int | float) for v in f.values())
+               for f in summary["per_prompt"]):
+        raise SuiteError(f"{path}: 'per_prompt' holds a row that is not figures; score {folder} again")
+    return dict(summary)
 
 
 def comparable(summary: dict[str, Any]) -> bool:
-    return bool(summary.get("pinned")) and summary.get("limit") is None and bool(summary.get("complete"))
+    return bool(summary.get("comparable", False))
+
+
+def reasons(summary: dict[str, Any]) -> list[str]:
+    if "comparable" not in summary:
+        return ["scored by an older flowrl that did not check the prompts (score it again)"]
+    return [str(r) for r in summary.get("differs", [])]
 
 
 def compare(folders: Sequence[Path]) -> dict[str, Any]:
-    """The comparison of result folders of one suite (the first is the baseline): per figure and column the mean
-    with its interval, and per later column the paired test against the baseline on the prompts both have."""
+    """The comparison of result folders of one suite (the first is the baseline of each table)."""
     summaries = [load_summary(f) for f in folders]
     suites = {s["suite"] for s in summaries}
     if len(suites) != 1:
@@ -85,88 +76,189 @@ def compare(folders: Sequence[Path]) -> dict[str, Any]:
         chosen = [(f, s) for f, s in zip(folders, summaries, strict=True) if comparable(s) == group]
         if chosen:
             tables.append(_table([f for f, _ in chosen], [s for _, s in chosen], group))
-    return {"suite": summaries[0]["suite"], "tables": tables}
+    return {"suite": summaries[0]["suite"], "tables": tables, "legend": LEGEND}
 
 
-def _table(folders: Sequence[Path], summaries: Sequence[dict[str, Any]], pinned: bool) -> dict[str, Any]:
+def headline_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary's headline definition (an older summary: its primary figure, the mean over prompts)."""
+    keys = [k for k in summary["per_prompt"][0] if not k.startswith("_")] if summary["per_prompt"] else []
+    primary = summary.get("primary") or (keys[0] if keys else "")
+    found = summary.get("headline") or {"figure": primary, "of": primary, "by": "", "scale": 1.0}
+    if found["of"] not in keys and keys:
+        found = {"figure": keys[0], "of": keys[0], "by": "", "scale": found.get("scale", 1.0)}
+    return dict(found)
+
+
+def _table(folders: Sequence[Path], summaries: Sequence[dict[str, Any]], comparable_: bool) -> dict[str, Any]:
     base = summaries[0]
-    figures = [k for k in base["per_prompt"][0] if not k.startswith("_")] if base["per_prompt"] else []
+    head = headline_of(base)
+    keys = [k for k in base["per_prompt"][0] if not k.startswith("_")] if base["per_prompt"] else []
+    categories = sorted(set(base["categories"]) - {""})
+    pairs = [pairing(base, s) for s in summaries]
+    specs: list[tuple[str, str, str, str]] = []  # (row name, per-prompt key, category, how it is made)
+    if head["of"] in keys:  # the headline first, then each figure over prompts and per category
+        specs.append((head["figure"], head["of"], "", "by category" if head["by"] == "category" else ""))
+    for key in ([head["of"]] if head["of"] in keys else []) + [k for k in keys if k != head["of"]]:
+        if key != head["of"] or head["by"]:
+            specs.append((key, key, "", ""))
+        specs += [(f"{key}/{c}", key, c, "") for c in categories]
     rows = []
-    for figure in figures:
-        for category in ["", *sorted(set(base["categories"]) - {""})]:
-            row: dict[str, Any] = {"figure": figure if not category else f"{figure}/{category}", "columns": []}
-            values = [_values(s, figure, category) for s in summaries]
-            for i, found in enumerate(values):
-                mean, half = mean_interval(list(found.values()))
-                cell: dict[str, Any] = {"mean": mean, "half_width": half, "prompts": len(found)}
-                if i:
-                    shared = sorted(set(values[0]) & set(found))
-                    cell["vs_first"] = paired([values[0][p] for p in shared], [found[p] for p in shared])
-                row["columns"].append(cell)
-            rows.append(row)
-    aggregate = [{k: s["figures"].get(k) for k in s["figures"]} for s in summaries]
-    return {"pinned": pinned, "tags": [s["tag"] for s in summaries], "folders": [str(f) for f in folders],
-            "protocols": [s["protocol"] for s in summaries], "rows": rows, "aggregate": aggregate,
-            "primary": base.get("primary", figures[0] if figures else "")}
+    for number, (name, key, category, how) in enumerate(_unique(specs)):
+        row: dict[str, Any] = {"figure": name, "headline": number == 0 and head["of"] in keys,
+                               "definition": _definition(head, key, how), "columns": []}
+        for i, summary in enumerate(summaries):
+            row["columns"].append(_cell(summary, key, category, how, base, pairs[i], head["scale"], i))
+        rows.append(row)
+    return {"comparable": comparable_, "pinned": comparable_, "tags": [s["tag"] for s in summaries],
+            "folders": [str(f) for f in folders], "protocols": [s["protocol"] for s in summaries],
+            "n": [[len(s["prompts"]), int(s.get("images_per_prompt", 1))] for s in summaries],
+            "differs": [reasons(s) for s in summaries], "pairing": [p[1] for p in pairs], "rows": rows,
+            "aggregate": [dict(s["figures"]) for s in summaries], "primary": head["figure"], "headline": head}
 
 
-def _values(summary: dict[str, Any], figure: str, category: str) -> dict[int, float]:
-    return {p: f[figure] for p, f, c in zip(summary["prompts"], summary["per_prompt"], summary["categories"],
-                                             strict=True) if not category or c == category}
+def _unique(specs: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
+    seen, out = set(), []
+    for spec in specs:
+        if spec[0] not in seen:
+            seen.add(spec[0])
+            out.append(spec)
+    return out
+
+
+def _definition(head: dict[str, Any], key: str, how: str) -> str:
+    unit = " x 100" if head.get("scale", 1.0) == 100 else ""
+    if how:
+        return f"the mean over categories of each category's mean {key}{unit} (the source's headline)"
+    return f"the mean over prompts{unit}"
+
+
+def _values(summary: dict[str, Any], key: str, category: str) -> dict[int, tuple[float, str]]:
+    return {int(p): (float(f[key]), c) for p, f, c in zip(summary["prompts"], summary["per_prompt"],
+                                                           summary["categories"], strict=True)
+            if key in f and (not category or c == category)}
+
+
+def _cell(summary: dict[str, Any], key: str, category: str, how: str, base: dict[str, Any],
+          pair: tuple[list[int], str], scale: float, column: int) -> dict[str, Any]:
+    found = _values(summary, key, category)
+    values = [v * scale for v, _ in found.values()]
+    strata = [c for _, c in found.values()] if how else None
+    images = len(found) * int(summary.get("images_per_prompt", 1))
+    proportion = key in summary.get("proportions", []) and scale == 1.0
+    cell: dict[str, Any] = {**interval(values, strata, proportion, images), "prompts": len(found), "images": images}
+    if column:
+        shared, why = pair
+        first = _values(base, key, category)
+        chosen = [p for p in shared if p in found and p in first]
+        if why or not chosen:
+            cell["unpaired"] = why or "not paired: no shared prompt in this row"
+        else:
+            cell["vs_first"] = paired([first[p][0] * scale for p in chosen], [found[p][0] * scale for p in chosen],
+                                      [found[p][1] for p in chosen] if how else None)
+    return cell
+
+
+def _number(x: float) -> str:
+    return f"{x:.4f}" if math.isfinite(x) else "n/a"
 
 
 def cell_text(cell: dict[str, Any]) -> str:
-    """A table cell: the mean with its 95% half-width, and for later columns the paired difference and p."""
-    text = f"{cell['mean']:.4f} ± {cell['half_width']:.4f}" if math.isfinite(cell["half_width"]) else \
-        f"{cell['mean']:.4f}"
+    """A table cell: the figure with its 95% interval; for later columns the paired difference, its interval, p
+    and n (or why there is no test)."""
+    text = _number(cell["mean"])
+    if "low" in cell and math.isfinite(cell["low"]):
+        text += f" [{_number(cell['low'])}, {_number(cell['high'])}]"
+    elif "half_width" in cell and math.isfinite(cell["half_width"]):  # a table written by an older flowrl
+        text += f" ± {_number(cell['half_width'])} (95%)"
     test = cell.get("vs_first")
     if test:
-        p = f"p = {test['p']:.3g}" if math.isfinite(test["p"]) else "p n/a"
-        text += f" ({test['diff']:+.4f}, {p})"
+        p = f"p = {test['p']:.2g}" if math.isfinite(test["p"]) else "p n/a"
+        span = f" [{test['low']:+.4f}, {test['high']:+.4f}]" if math.isfinite(test.get("low", math.nan)) else ""
+        text += f"; Δ {test['diff']:+.4f}{span}, {p}, n = {test['n']}"
+    elif cell.get("unpaired"):
+        text += f"; {cell['unpaired']}"
     return text
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The comparison as markdown: one table per comparability group."""
+    """The comparison as markdown: one table per comparability group, with why a column is not comparable."""
     lines = [f"# Suite {result['suite']}", ""]
     for table in result["tables"]:
-        title = "pinned protocol (comparable with published figures)" if table["pinned"] else \
-            "NOT comparable: another protocol or a subset of the prompts"
-        lines += [f"## {title}", "", "Means over prompts with 95% t intervals; later columns: the paired difference "
-                  "from the first column on the same prompts and noise, and its two-sided p-value.", ""]
-        lines.append("| figure | " + " | ".join(table["tags"]) + " |")
+        comparable_ = table.get("comparable", table.get("pinned"))
+        lines += ["## comparable with published figures" if comparable_ else
+                  "## NOT comparable with published figures", ""]
+        for tag, why in zip(table["tags"], table.get("differs", [[]] * len(table["tags"])), strict=True):
+            if why:
+                lines.append(f"- {tag}: " + "; ".join(why))
+        lines += ["", result.get("legend", LEGEND), ""]
+        heads = [f"{t} (n = {n[0]} × {n[1]})" for t, n in zip(table["tags"], table.get("n", []), strict=False)] \
+            or table["tags"]
+        lines.append("| figure | " + " | ".join(heads) + " |")
         lines.append("| --- |" + " --- |" * len(table["tags"]))
         for row in table["rows"]:
-            lines.append(f"| {row['figure']} | " + " | ".join(cell_text(c) for c in row["columns"]) + " |")
-        lines += ["", "Protocols: " + "; ".join(f"{t}: {json.dumps(p)}" for t, p in
-                                                 zip(table["tags"], table["protocols"], strict=True)), ""]
+            name = f"**{row['figure']}**" if row.get("headline") else row["figure"]
+            lines.append(f"| {name} | " + " | ".join(cell_text(c) for c in row["columns"]) + " |")
+        definition = next((r.get("definition") for r in table["rows"] if r.get("headline")), "")
+        lines += ["", f"Headline ({table.get('primary', '')}): {definition}." if definition else "",
+                  "Protocols: " + "; ".join(f"{t}: {json.dumps(p)}" for t, p in
+                                            zip(table["tags"], table["protocols"], strict=True)), ""]
     return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    """Bars of the headline figure per column and category, with the 95% intervals."""
+def plot(result: dict[str, Any], path: Path) -> list[Path]:
+    """The headline per category and column with its interval (left), and each later column's paired
+    difference from the first with its interval (right), per table; PNG at 300 dpi and PDF. Returns the files."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tables = result["tables"]
-    fig, axes = plt.subplots(1, len(tables), figsize=(6 * len(tables), 4), squeeze=False)
-    for ax, table in zip(axes[0], tables, strict=True):
-        primary = table["primary"]
-        rows = [r for r in table["rows"] if r["figure"] == primary or r["figure"].startswith(primary + "/")]
-        width = 0.8 / max(len(table["tags"]), 1)
+    fig, axes = plt.subplots(len(tables), 2, figsize=(9, 3.4 * len(tables)), squeeze=False)
+    for (left, right), table in zip(axes, tables, strict=True):
+        head = table.get("primary", "")
+        rows = [r for r in table["rows"] if r.get("headline") or r["figure"].startswith(head + "/")
+                or (r["figure"].split("/")[0] == table.get("headline", {}).get("of") and "/" in r["figure"])][:12]
+        labels = ["all" if "/" not in r["figure"] else r["figure"].split("/", 1)[1] for r in rows]
+        count = len(table["tags"])
+        width = 0.8 / count
         for i, tag in enumerate(table["tags"]):
-            means = [r["columns"][i]["mean"] for r in rows]
-            errors = [r["columns"][i]["half_width"] if math.isfinite(r["columns"][i]["half_width"]) else 0.0
-                      for r in rows]
-            ax.bar([k + i * width for k in range(len(rows))], means, width, yerr=errors, capsize=3, label=tag)
-        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))])
-        ax.set_xticklabels([r["figure"].split("/", 1)[1] if "/" in r["figure"] else "all" for r in rows],
-                           rotation=30, ha="right")
-        ax.set_ylabel(primary)
-        ax.set_title(f"{result['suite']}: " + ("pinned protocol" if table["pinned"] else "not comparable"))
-        ax.legend(fontsize=8)
+            cells = [r["columns"][i] for r in rows]
+            xs = [k + (i - (count - 1) / 2) * width for k in range(len(rows))]
+            left.errorbar(xs, [c["mean"] for c in cells], yerr=_spans(cells, "mean", "low", "high"), fmt="o",
+                          capsize=3, label=tag)
+            if i:
+                tests = [c.get("vs_first") or {} for c in cells]
+                step = 0.8 / max(count - 1, 1)
+                spots = [k + (i - 1 - (count - 2) / 2) * step for k in range(len(rows))]
+                diffs = [t.get("diff", math.nan) for t in tests]
+                right.errorbar(spots, diffs, yerr=_spans(tests, "diff", "low", "high"), fmt="o", capsize=3,
+                               label=f"{tag} − {table['tags'][0]}", color=f"C{i}")
+        for ax in (left, right) if len(table["tags"]) > 1 else (left,):
+            ax.set_xticks(range(len(rows)))
+            ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
+        right.axhline(0.0, color="0.5", lw=0.8)
+        if len(table["tags"]) < 2:
+            right.set_axis_off()
+            right.text(0.5, 0.5, "one column: no difference to draw", ha="center", va="center", fontsize=8)
+        group = "comparable" if table.get("comparable", table.get("pinned")) else "not comparable"
+        left.set_title(f"{result['suite']} ({group}): {head}, 95% intervals", fontsize=9)
+        left.set_ylabel(head)
+        right.set_title("paired difference from the first column, 95% t interval", fontsize=9)
+        right.set_ylabel(f"Δ {head}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    written = []
+    for suffix, dpi in ((".png", 300), (".pdf", None)):
+        target = Path(path).with_suffix(suffix)
+        fig.savefig(target, dpi=dpi)
+        written.append(target)
     plt.close(fig)
+    return written
+
+
+def _spans(cells: Sequence[dict[str, Any]], mid: str, low: str, high: str) -> list[list[float]]:
+    """Error-bar lengths below and above each point (0 where there is no interval)."""
+    below = [c.get(mid, math.nan) - c.get(low, math.nan) for c in cells]
+    above = [c.get(high, math.nan) - c.get(mid, math.nan) for c in cells]
+    return [[b if math.isfinite(b) else 0.0 for b in below], [a if math.isfinite(a) else 0.0 for a in above]]

@@ -77,6 +77,7 @@ class GenEvalSuite(Suite):
     """GenEval: 553 prompts, 4 images each, GenEval's rules on a detector's objects; accuracy per tag, their mean."""
 
     primary = "overall"
+    fractions = ("correct",)
     source = "djghosh13/geneval prompts/evaluation_metadata.jsonl and evaluation/ (rules re-derived)"
 
     scoring = ("detector",)
@@ -100,6 +101,15 @@ class GenEvalSuite(Suite):
 
     def check(self) -> None:
         self._detector = self._detector or resolve_detector(self.config.detector)
+
+    def headline(self) -> dict[str, Any]:
+        return {"figure": "overall", "of": "correct", "by": "category", "scale": 1.0}  # GenEval's: the mean over tags
+
+    def scorer_problems(self, scoring: dict[str, Any]) -> list[str]:
+        detector = str(scoring.get("detector", self.config.detector))
+        if detector.startswith(("http://", "https://")):
+            return []  # the served official detector (docs/evaluation.md): flowrl cannot see behind the URL
+        return [f"detector {detector!r} is not GenEval's own (the served Mask2Former detector)"]
 
     def score(self, images: Tensor, items: Sequence[Item]) -> list[dict[str, float]]:
         self.check()

@@ -144,6 +144,15 @@ class GenEval2Suite(Suite):
     def check(self) -> None:
         self._judge = self._judge or resolve_judge(self.config.judge)
 
+    def headline(self) -> dict[str, Any]:
+        return {"figure": "soft_tifa_gm", "of": "soft_tifa_gm", "by": "", "scale": 100.0}
+
+    def scorer_problems(self, scoring: dict[str, Any]) -> list[str]:
+        judge = str(scoring.get("judge", self.config.judge))
+        if judge.startswith(("transformers:", "openai:")):
+            return []  # a vision-language judge: the source's model is the user's to load (docs/evaluation.md)
+        return [f"judge {judge!r} is not a vision-language model's (the source's is Qwen3-VL-8B-Instruct)"]
+
     def score(self, images: Tensor, items: Sequence[Item]) -> list[dict[str, float]]:
         self.check()
         assert self._judge is not None

@@ -7,6 +7,7 @@ A suite is a registered part like a selector or a reward (``@register("suite", "
 from __future__ import annotations
 
 import importlib
+import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ class Suite(Component, ABC):
     lossless: ClassVar[bool] = False  # keep images as float arrays (.npy) instead of 8-bit PNGs
     source: ClassVar[str] = ""  # where the prompts and the scoring rules come from (docs and the table's note)
     scoring: ClassVar[tuple[str, ...]] = ()  # settings that choose the scorer, not the images (a detector's URL)
+    fractions: ClassVar[tuple[str, ...]] = ()  # figures in [0, 1] by definition (partial credit): Wilson intervals
 
     @abstractmethod
     def protocol(self) -> Protocol:
@@ -55,7 +57,34 @@ class Suite(Component, ABC):
         :meth:`aggregate`, left out of comparisons)."""
 
     def check(self) -> None:
-        """Raise a :class:`flowrl.errors.UserError` unless the suite can score (weights, extras, a server)."""
+        """Raise a :class:`flowrl.errors.UserError` unless the suite can score (weights, extras, a server): one
+        message naming everything missing, since it runs before generation."""
+
+    def headline(self) -> dict[str, Any]:
+        """The suite's headline figure as its source defines it: ``figure`` (its name), ``of`` (the per-image
+        figure it is made of), ``by`` (``""``: the mean over prompts; ``"category"``: the mean over categories of
+        each one's mean over prompts) and ``scale`` (the source's unit: 100 for a percentage)."""
+        return {"figure": self.primary, "of": self.primary, "by": "", "scale": 1.0}
+
+    def published_items(self) -> list[Item] | None:
+        """The suite's published prompt set, read from its source (None: not here to read)."""
+        from flowrl.suites.data import PromptSetError
+
+        try:
+            return type(self)(type(self).Config()).items()
+        except PromptSetError:
+            return None
+
+    def prompt_source(self) -> str:
+        """What this suite's prompts were read from (``run.json`` claims no more)."""
+        own = getattr(self.config, "prompts", "")
+        return f"the prompt file {own}" if own else self.source
+
+    def scorer_problems(self, scoring: dict[str, Any]) -> list[str]:
+        """Why the scorer settings ``scoring`` are not the suite's own (none when they are its defaults)."""
+        defaults = attrs.asdict(type(self).Config())
+        return [f"scored with {key} = {value!r}, not the suite's own" for key, value in scoring.items()
+                if plain(value) != plain(defaults.get(key))]
 
     def aggregate(self, figures: Sequence[dict[str, float]], items: Sequence[Item]) -> dict[str, float]:
         """The table's figures from one figure dict per prompt (its images' mean): the mean of each figure over
@@ -79,6 +108,11 @@ def named_function(spec: str, what: str) -> Any:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as error:
         raise UserError(f"{what} '{spec}' cannot be imported ({error})") from None
+
+
+def plain(value: Any) -> Any:
+    """A setting as JSON has it (tuples and lists alike), to compare settings from TOML with defaults."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def finite_mean(values: np.ndarray) -> float:

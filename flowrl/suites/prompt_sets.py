@@ -14,8 +14,13 @@ from flowrl.suites.interface import Item
 
 
 def suite_items(own: str, name: str) -> list[Item]:
-    """A suite's items: the user's prompt file ``own`` when given, else the fetched set ``name``."""
-    return read_items(Path(own)) if own else read_items(fetched(name))
+    """A suite's items: the user's prompt file ``own`` when given, else the fetched set ``name``; a file that
+    holds no prompt is refused, naming it, before any model loads."""
+    path = Path(own) if own else fetched(name)
+    items = read_items(path)
+    if not items:
+        raise PromptSetError(f"{path}: no prompts in the file")
+    return items
 
 
 def read_items(path: Path, category: str = "") -> list[Item]:
@@ -24,7 +29,7 @@ def read_items(path: Path, category: str = "") -> list[Item]:
     if not path.exists():
         raise PromptSetError(f"{path}: no such prompt file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first prompt
     except (OSError, UnicodeDecodeError) as error:
         raise PromptSetError(f"{path}: cannot be read as UTF-8 text ({error})") from None
     if path.suffix == ".json":

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from flowrl.errors import UserError
+from flowrl.jsonl import append_rows, read_rows
 from flowrl.suites.interface import Item, Suite
 from flowrl.suites.protocol import Protocol, initial_noise
 
@@ -50,19 +53,7 @@ def jobs(items: Sequence[Item], protocol: Protocol, shard: tuple[int, int], limi
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Rows of a JSON-lines file; a torn last line (a kill mid-write) is dropped, a bad earlier one refused."""
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    rows = []
-    for number, line in enumerate(lines, 1):
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("not an object")
-            rows.append(row)
-        except ValueError:
-            if number == len(lines):
-                break
-            raise SuiteError(f"{path}: line {number} is not a JSON object; the file is damaged") from None
-    return rows
+    return read_rows(path, SuiteError)
 
 
 def weights_hash(source: Path, lora: str = "") -> str:
@@ -95,6 +86,25 @@ def check_run(folder: Path, facts: dict[str, Any]) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(facts, indent=2))
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` for ``what`` (a shard's generation, the scoring): a second process
+    doing the same in the same folder at once is refused in one line instead of making the same images twice."""
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: the manifests still keep each image once
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    name = "".join(c if c.isalnum() else "-" for c in what)
+    with (folder / f".lock-{name}").open("a+") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SuiteError(f"{folder}: another process is {what} here; wait for it to finish") from None
+        yield
 
 
 def written(folder: Path, present: bool = False) -> dict[str, dict[str, Any]]:
@@ -167,10 +177,9 @@ def generate(policy: Any, suite: Suite, protocol: Protocol, folder: Path, facts:
             for (p, k), image in zip(chunk, images, strict=True):
                 name = f"images/{image_key(p, k)}.{'npy' if lossless else 'png'}"
                 save_image(image, folder / name, lossless)
-                lines.append(json.dumps({"key": image_key(p, k), "prompt_index": p, "image": k,
-                                         "prompt": items[p].prompt, "category": items[p].category, "file": name}))
-            with manifest.open("a", encoding="utf-8") as f:
-                f.write("".join(line + "\n" for line in lines))
+                lines.append({"key": image_key(p, k), "prompt_index": p, "image": k, "prompt": items[p].prompt,
+                              "category": items[p].category, "file": name})
+            append_rows(manifest, lines)
             bar.update(len(chunk))
     if todo:
         contact_sheet(folder, items)
@@ -226,11 +235,16 @@ def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False,
             except Exception as error:
                 raise SuiteError(f"suite '{facts['suite']}' failed to score {folder / chunk[0]['file']} and its "
                                  f"batch: {type(error).__name__}: {error}") from error
-            lines = [json.dumps({"key": row["key"], **{k: float(v) for k, v in f.items()}})
+            lines = [{"key": row["key"], **{k: float(v) for k, v in f.items()}}
                      for row, f in zip(chunk, figures, strict=True)]
-            with scores_path.open("a", encoding="utf-8") as f:
-                f.write("".join(line + "\n" for line in lines))
-            scored.update({row["key"]: json.loads(line) for row, line in zip(chunk, lines, strict=True)})
+            bad = next(((row, k) for row, line in zip(chunk, lines, strict=True) for k, v in line.items()
+                        if k != "key" and not math.isfinite(v)), None)
+            if bad is not None:  # nothing of this batch is kept: the folder stays as it was, scorable again
+                raise SuiteError(f"suite '{facts['suite']}' scored {folder / bad[0]['file']} (prompt "
+                                 f"{bad[0]['prompt']!r}) {bad[1]} = {lines[chunk.index(bad[0])][bad[1]]}: a score must "
+                                 "be a finite number; mend the scorer and score again (--stage score)")
+            append_rows(scores_path, lines)
+            scored.update({row["key"]: line for row, line in zip(chunk, lines, strict=True)})
             bar.update(len(chunk))
     return summarise(suite, items, folder, facts, rows, scored)
 
@@ -247,20 +261,45 @@ def check_scoring(folder: Path, scoring: dict[str, Any] | None) -> None:
 
 def summarise(suite: Suite, items: Sequence[Item], folder: Path, facts: dict[str, Any],
               rows: dict[str, dict[str, Any]], scored: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per-prompt figures (the mean over its images) and the suite's aggregate, into ``summary.json``."""
+    """Per-prompt figures (the mean over its images), the suite's aggregate, its headline's definition, each
+    prompt's identity (for pairing) and what the result may claim (:mod:`flowrl.suites.comparability`), into
+    ``summary.json``."""
+    from flowrl.suites.comparability import item_hash, prompt_problems, protocol_problems, set_hash
+
     by_prompt: dict[int, list[dict[str, Any]]] = {}
     for key, row in rows.items():
         by_prompt.setdefault(int(row["prompt_index"]), []).append({k: v for k, v in scored[key].items() if k != "key"})
     prompts = sorted(by_prompt)
     per_prompt = [{k: float(np.mean([f[k] for f in by_prompt[p]])) for k in by_prompt[p][0]} for p in prompts]
     figures = suite.aggregate(per_prompt, [items[p] for p in prompts]) if per_prompt else {}
-    expected = len(jobs(items, suite_protocol(facts), (0, 1), facts.get("limit")))
+    protocol = suite_protocol(facts)
+    expected_jobs = jobs(items, protocol, (0, 1), facts.get("limit"))
     scoring = json.loads((folder / SCORING).read_text()) if (folder / SCORING).exists() else {}
-    summary = {**facts, "scoring": scoring, "figures": figures, "primary": suite.primary, "images": len(rows),
-               "expected_images": expected, "complete": len(rows) == expected, "prompts": prompts,
+    keys = [k for k in (per_prompt[0] if per_prompt else {}) if not k.startswith("_")]
+    images = [scored[key] for key in rows]
+    proportions = [k for k in keys if all(f[k] in (0.0, 1.0) for f in images)  # every image scored 0 or 1
+                   or (k in suite.fractions and all(0.0 <= f[k] <= 1.0 for f in images))]
+    used = [items[p] for p in sorted({p for p, _ in expected_jobs})]
+    differs = protocol_problems(facts) + prompt_problems(used, suite.published_items(), suite.prompt_source())
+    differs += suite.scorer_problems(scoring)
+    if len(rows) != len(expected_jobs):
+        differs.append(f"incomplete: {len(rows)} of {len(expected_jobs)} images generated and scored")
+    summary = {**facts, "scoring": scoring, "figures": figures, "primary": suite.primary,
+               "headline": suite.headline(), "proportions": proportions, "images": len(rows),
+               "images_per_prompt": protocol.images, "expected_images": len(expected_jobs),
+               "complete": len(rows) == len(expected_jobs), "comparable": not differs, "differs": differs,
+               "prompts_sha256": set_hash(used), "prompts": prompts,
+               "item_hashes": [item_hash(items[p]) for p in prompts],
                "categories": [items[p].category for p in prompts], "per_prompt": per_prompt}
-    (folder / SUMMARY).write_text(json.dumps(summary, indent=1))
+    write_atomically(folder / SUMMARY, json.dumps(summary, indent=1))
     return summary
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a fresh file renamed into place: a kill leaves the old file or the new."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def suite_protocol(facts: dict[str, Any]) -> Protocol:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from flowrl.jsonl import append_rows
 from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.trackers import open_trackers
 from flowrl.video import as_stills, is_clip
@@ -38,8 +39,7 @@ class RunLogger:
         if not self.enabled:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+        append_rows(self.path, [clean])  # after mending a tail a kill tore
         step = int(metrics["step"])
         numbers = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, int | float) and v is not None}
         for tracker in self.trackers:

@@ -9,12 +9,12 @@ drops it (the iteration it described is run again on resume) and refuses a corru
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import IO, Any
 
 from flowrl.errors import UserError
+from flowrl.jsonl import read_rows
 
 LOCK = ".lock"
 
@@ -51,18 +51,7 @@ def lock_run_folder(run_dir: Path) -> IO[str] | None:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl``; a torn last line (a crash mid-write) is dropped, a corrupt earlier
     line is a :class:`RunFolderError` naming the file and the line."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    rows = []
-    for number, line in enumerate(lines, 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break  # torn by a crash: the iteration it described will run again
-            raise RunFolderError(f"{path}: line {number} is not valid JSON; the run folder is damaged") from None
-    return rows
+    return read_rows(path, RunFolderError, "the run folder is damaged")
 
 
 def check_history(run_dir: Path, checkpoint: Path, step: int, log_every: int) -> None:
