@@ -154,9 +154,23 @@ def render(
     ``flat``: plain grey backgrounds of these levels, see :func:`background`)."""
     img = background(rng, size, flat)
     for colour, shape, box in layout(scene, rng, size, lattice):
-        rgb = np.asarray(COLOURS[colour], dtype=np.float32) + rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3)
-        alpha = coverage(shape, box, size)[:, :, None]
-        img = img * (1.0 - alpha) + rgb.astype(np.float32) * alpha
+        img = paint(img, object_rgb(colour, rng), shape, box)
+    return finish(img)
+
+
+def object_rgb(colour: str, rng: np.random.Generator) -> np.ndarray:
+    """One object's colour: the named colour jittered by up to :data:`COLOUR_JITTER` per channel."""
+    return np.asarray(COLOURS[colour], dtype=np.float32) + rng.uniform(-COLOUR_JITTER, COLOUR_JITTER, 3)
+
+
+def paint(img: np.ndarray, rgb: np.ndarray, shape: str, box: Box) -> np.ndarray:
+    """``img`` (float ``(size, size, 3)``) with one anti-aliased shape of colour ``rgb`` blended in over ``box``."""
+    alpha = coverage(shape, box, img.shape[0])[:, :, None]
+    return img * (1.0 - alpha) + rgb.astype(np.float32) * alpha  # type: ignore[no-any-return]
+
+
+def finish(img: np.ndarray) -> np.ndarray:
+    """A painted float image as uint8."""
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 

@@ -56,6 +56,11 @@ class Detection:
     centroid: tuple[float, float]
     box: tuple[int, int, int, int]  # x0, y0, x1, y1 (inclusive)
 
+    @property
+    def pair(self) -> tuple[str, str | None]:
+        """``(colour, shape)``."""
+        return (self.colour, self.shape)
+
 
 @attrs.frozen
 class Verdict:
@@ -285,20 +290,30 @@ def verify_batch(images: Any, scenes: Sequence[Scene]) -> list[Verdict]:
     ``images`` is a torch tensor or numpy array, ``(B, 3, H, W)`` float in [0, 1] (clipped; model outputs)
     or ``(B, H, W, 3)`` uint8 (or float in [0, 1]).
     """
+    found, size = _detect_batch(images, len(scenes))
+    return [check(detections, scene, size=size) for detections, scene in zip(found, scenes, strict=True)]
+
+
+def detect_batch(images: Any) -> list[list[Detection]]:
+    """Every object in each image of a batch (as :func:`verify_batch` takes it), in batched passes."""
+    return _detect_batch(images, None)[0]
+
+
+def _detect_batch(images: Any, expected: int | None) -> tuple[list[list[Detection]], int]:
+    """Each image's detections and the images' side; ``expected``: the batch size the caller needs."""
     if hasattr(images, "detach"):
         images = images.detach().float().cpu().numpy()
     arr = np.asarray(images)
-    if arr.ndim != 4 or len(arr) != len(scenes):
-        raise ValueError(f"expected a (B, ...) batch of {len(scenes)} images, got shape {arr.shape}")
+    if arr.ndim != 4 or (expected is not None and len(arr) != expected):
+        wanted = "" if expected is None else f" of {expected} images"
+        raise ValueError(f"expected a (B, ...) batch{wanted}, got shape {arr.shape}")
     if not len(arr):
-        return []
+        return [], 0
     rgbs = np.stack([_as_rgb255(image) for image in arr])
     cmaps, covers = _analyse(rgbs)  # batched passes over the whole batch
     labels = label_components(cmaps)
-    return [
-        check(_objects(cmap, cover, lab), scene, size=rgbs.shape[1])
-        for cmap, cover, lab, scene in zip(cmaps, covers, labels, scenes, strict=True)
-    ]
+    found = [_objects(cmap, cover, lab) for cmap, cover, lab in zip(cmaps, covers, labels, strict=True)]
+    return found, int(rgbs.shape[1])
 
 
 def score_batch(images: Any, scenes: Sequence[Scene]) -> tuple[np.ndarray, np.ndarray]:
