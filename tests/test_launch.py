@@ -57,7 +57,7 @@ def test_the_first_host_of_a_slurm_node_list(nodelist: str, host: str) -> None:
     ({"NODE_RANK": "one"}, "NODE_RANK='one': expected a whole number for node_rank"),
     ({"SLURM_GPUS_ON_NODE": "lots"}, "SLURM_GPUS_ON_NODE='lots'"),
     ({"NNODES": "2", "NODE_RANK": "2"}, "node_rank = 2 (NODE_RANK) is not below nnodes = 2 (NNODES)"),
-    ({"MASTER_PORT": "70000"}, "master_port = 70000 (MASTER_PORT): expected 1 to 65535"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000': expected a port from 1 to 65534"),
 ])
 def test_malformed_variables_are_refused_naming_them(env: dict[str, str], message: str) -> None:
     with pytest.raises(ClusterError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -83,6 +83,45 @@ def test_dry_run_prints_the_command_and_errors_are_one_line(
     assert err == "error: SLURM_NODEID='x': expected a whole number for node_rank"
     assert main(["launch", "--dry-run", "--", "launch"]) == 2
     assert "give the flowrl command to run after --" in capsys.readouterr().err
+    monkeypatch.delenv("SLURM_NODEID")
+    assert main(["launch", "--dry-run", "--master-port", "65535", "--", "ls"]) == 2  # the option and the variable
+    assert "--master-port: expected a number below 65535" in capsys.readouterr().err
+    monkeypatch.setenv("MASTER_PORT", "65535")
+    assert main(["launch", "--dry-run", "--", "ls"]) == 2
+    assert capsys.readouterr().err.strip().endswith("error: MASTER_PORT='65535': expected a port from 1 to 65534 (the"
+                                                    " join check listens on the port above it)")
+
+
+def join(cwd: Path, nodes: list[tuple[list[str], list[str]]], timeout_s: int = 60) -> list[tuple[int, str, str]]:
+    """`flowrl launch --nnodes 2 OPTIONS -- COMMAND` as node 0 and node 1 on 127.0.0.1 (one (OPTIONS, COMMAND) per
+    node): each node's exit status, stdout and stderr."""
+    port = str(free_port())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-m", "flowrl.cli.main", "launch", "--nnodes", "2", "--node-rank",
+                               str(rank), "--master-port", port, "--join-timeout", "30", *options, "--", *command],
+                              cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank, (options, command) in enumerate(nodes)]
+    outs = [proc.communicate(timeout=timeout_s) for proc in procs]
+    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outs, strict=True)]
+
+
+def test_nodes_that_disagree_end_every_node_with_one_line_naming_what_differs(tmp_path: Path) -> None:
+    """Node 0 brings one process, node 1 two (ranks would collide, world sizes disagree): both launchers end at the
+    join check, before any process starts, with the same line naming the value and what each node said."""
+    nodes = join(tmp_path, [(["--nproc-per-node", "1"], ["ls", "loss"]), (["--nproc-per-node", "2"], ["ls", "loss"])])
+    for code, out, err in nodes:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and not out, err
+        assert len(lines) == 2 and lines[0].startswith("flowrl launch: nnodes = 2 (--nnodes)"), err
+        assert lines[1].startswith("error: the nodes disagree: nproc_per_node = 1 on node 0 (host ")
+        assert ", --nproc-per-node) but 2 on node 1 (host " in lines[1]
+    assert nodes[0][2].splitlines()[-1] == nodes[1][2].splitlines()[-1]
+
+
+def test_nodes_that_agree_run_their_command(tmp_path: Path) -> None:
+    nodes = join(tmp_path, [(["--nproc-per-node", "1"], ["ls", "loss"])] * 2)
+    assert [code for code, _, _ in nodes] == [0, 0], [err for _, _, err in nodes]
+    assert nodes[0][1] == nodes[1][1] and "crd" in nodes[0][1]
 
 
 def two_nodes(cwd: Path, recipe: str, out: str, env: dict[str, str]) -> list[subprocess.Popen[str]]:

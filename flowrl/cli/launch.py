@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         for env in envs:
             print(" ".join(f"{k}={v}" for k, v in env.items()), shlex.join(argv))
         return 0
-    wait_for_nodes(cluster, args.join_timeout)
+    wait_for_nodes(cluster, args.join_timeout, command)  # the nodes compare what they bring, command included
     return supervise(argv, envs)
 
 
