@@ -164,10 +164,9 @@ def test_an_unwritable_output_dir_is_refused_before_the_model_loads(tmp_path: Pa
     (tmp_path / "tiny.toml").write_text(dumps(tiny_recipe(max_steps=1)))
     out = flowrl(("train", "tiny.toml", "--output-dir", "/sys/flowrl-test/run"), tmp_path)  # EPERM even for root
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == [
-        "error: --output-dir /sys/flowrl-test/run: cannot write there (operation not permitted); choose another"
-        " --output-dir"
-    ]
+    lines = out.stderr.strip().splitlines()  # refused by the option's write probe, while the command line is read
+    assert len(lines) == 1 and lines[0].startswith("error: argument --output-dir: /sys/flowrl-test/run: cannot write"
+                                                   " there ("), lines
 
 
 def test_a_run_stopped_in_its_first_iteration_can_be_resumed(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import traceback
@@ -162,6 +163,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exception(type(cause), cause, cause.__traceback__, file=sys.stderr)
         message = error.report() if hasattr(error, "report") else str(error)
         print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a write the file system refused (full, read-only, quota) in any command: one line
+        from flowrl.trainer.writes import REFUSALS
+
+        if error.errno not in REFUSALS:
+            raise
+        verb = "use" if error.errno in (errno.EACCES, errno.EPERM) else "write"
+        print(f"error: cannot {verb} {error.filename or 'a file'}: {REFUSALS[error.errno]}; free space or choose "
+              "another folder, then run the command again", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # 128 + the signal number, as a shell reports it
         print("interrupted", file=sys.stderr)

@@ -233,6 +233,7 @@ class OutputFile(Kind):
             _refuse(f"{text}: is a folder; expected a file name ending in {self.either}")
         if not text.lower().endswith(self.suffixes):
             _refuse(f"expected a file name ending in {self.either}, got {text!r}")
+        probe_writable(Path(text).parent)
         return text
 
     @property
@@ -242,7 +243,8 @@ class OutputFile(Kind):
         return f"{', '.join(first)} or {last}" if first else last
 
     def bad(self, tmp: Path) -> list[tuple[str, str]]:
-        out = [("a folder", str(_folder(tmp))), ("another suffix", str(tmp / "x.bad"))]
+        out = [("a folder", str(_folder(tmp))), ("another suffix", str(tmp / "x.bad")),
+               ("unwritable", f"{UNWRITABLE}/x{self.suffixes[0]}")]
         if not self.optional:
             out.append(("empty", ""))
         return out
@@ -252,20 +254,45 @@ class OutputFile(Kind):
 
 
 class OutputFolder(Kind):
-    """A folder to write into: it may exist (as a folder) or not yet."""
+    """A folder to write into: it may exist (as a folder) or not yet; either way it must be writable."""
 
     def __call__(self, text: str) -> str:
         if not text.strip():
             _refuse("expected a folder, got nothing")
         if Path(text).exists() and not Path(text).is_dir():
             _refuse(f"{text}: is a file; expected a folder")
+        probe_writable(Path(text))
         return text
 
     def bad(self, tmp: Path) -> list[tuple[str, str]]:
-        return [("a file", str(_file(tmp))), ("empty", "")]
+        return [("a file", str(_file(tmp))), ("empty", ""), ("unwritable", UNWRITABLE)]
 
     def good(self, tmp: Path) -> str:
         return str(tmp / "out")
+
+
+UNWRITABLE = "/sys/flowrl-test/out"  # refused even to root: sysfs takes no new files
+
+
+def probe_writable(folder: Path) -> None:
+    """Refuse a folder no file can be written into (read-only, unwritable, full), before any model loads: a probe
+    file is written into the folder, or into its nearest existing parent when the folder is still to be made,
+    and removed again (root passes permission bits, so only writing tells)."""
+    import errno
+    import os
+
+    from flowrl.trainer.writes import REFUSALS
+
+    here = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if here is None or not here.is_dir():
+        return  # a file in the way: the caller's own check names it
+    probe = here / f".flowrl-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        cause = REFUSALS.get(error.errno or errno.EIO, error.strerror or str(error))
+        _refuse(f"{folder}: cannot write there ({cause})")
 
 
 def _file(tmp: Path) -> Path:

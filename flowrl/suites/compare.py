@@ -261,4 +261,5 @@ def _spans(cells: Sequence[dict[str, Any]], mid: str, low: str, high: str) -> li
     """Error-bar lengths below and above each point (0 where there is no interval)."""
     below = [c.get(mid, math.nan) - c.get(low, math.nan) for c in cells]
     above = [c.get(high, math.nan) - c.get(mid, math.nan) for c in cells]
-    return [[b if math.isfinite(b) else 0.0 for b in below], [a if math.isfinite(a) else 0.0 for a in above]]
+    return [[max(b, 0.0) if math.isfinite(b) else 0.0 for b in below],  # max: rounding at a bound of [0, 1]
+            [max(a, 0.0) if math.isfinite(a) else 0.0 for a in above]]
