@@ -217,3 +217,16 @@ class NaNReward(RewardModel):
         out = torch.ones(len(images))
         out[0] = float("nan")
         return out
+
+
+@pytest.mark.parametrize(("env", "named"), [({"WORLD_SIZE": "abc", "RANK": "0"}, "WORLD_SIZE='abc'"),
+                                            ({"WORLD_SIZE": "0", "RANK": "0"}, "WORLD_SIZE='0'"),
+                                            ({"WORLD_SIZE": "2", "RANK": "5"}, "RANK='5'")])
+def test_shards_from_a_bad_environment_are_one_line(env: dict, named: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert _run("run", "world", EGRPO, "--out", str(tmp_path / "o"), "--prompts", "2", *FAST) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err

@@ -19,6 +19,7 @@ USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 
 
 
 def train(args: argparse.Namespace) -> int:
+    from flowrl.cluster import process_rank
     from flowrl.trainer import train as run_training
     from flowrl.trainer.summary import run_summary
     from flowrl.trainer.writes import check_writable, refused_writes
@@ -41,12 +42,13 @@ def train(args: argparse.Namespace) -> int:
     blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:  # before the model loads: the folder could never be made
         raise RunFolderError(f"--output-dir {run_dir}: {blocked} is a file, not a folder; choose another --output-dir")
-    if os.environ.get("RANK", "0") == "0":  # one process probes (another's probe folder could vanish under it)
+    main_process = process_rank(os.environ)[0] == 0  # checked: a malformed variable is one line naming it
+    if main_process:  # one process probes (another's probe folder could vanish under it)
         check_writable(run_dir, "--output-dir")  # before the model loads
     # a write the file system refuses anywhere in the run (full, read-only, unwritable): one line naming the file
     with refused_writes(run_dir, "free space (or mend the folder) and continue with --resume"):
         out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
-    if os.environ.get("RANK", "0") == "0":
+    if main_process:
         print(run_summary(out, recipe.trainer.keep_best, recipe))
     return 0
 

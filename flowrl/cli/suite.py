@@ -100,7 +100,9 @@ def _shard(given: tuple[int, int] | None) -> tuple[int, int]:
     """``--shard`` as given, else the launcher's ``RANK``/``WORLD_SIZE`` (one process: ``(0, 1)``)."""
     if given is not None:
         return given
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    from flowrl.cluster import process_rank
+
+    return process_rank(os.environ)  # checked: a malformed or inconsistent variable is one line naming it
 
 
 def split_column(text: str) -> tuple[Path, str]:
