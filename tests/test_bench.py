@@ -23,7 +23,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def write_run(run_dir: Path, points: list[tuple[int, float]], iteration_s: float = 0.5, peak_mb: float = 100.0,
-              metric: str = "eval/score", extra_nfe: int = 0, rows_per_nfe: float = 0.0) -> Path:
+              metric: str = "eval/strict", extra_nfe: int = 0, rows_per_nfe: float = 0.0) -> Path:
     """A metrics.jsonl like the trainer's: a step-0 evaluation, then per point a plain row and an eval row.
 
     Wall time is ``nfe / 100`` s; ``extra_nfe`` adds a last training row without evaluation; with
@@ -31,7 +31,7 @@ def write_run(run_dir: Path, points: list[tuple[int, float]], iteration_s: float
     """
     run_dir.mkdir(parents=True)
     assert points[0][0] == 0
-    rows = [{"step": 0, "wall_s": 0.0, "nfe": 0, metric: points[0][1], "eval/strict": 0.0}]
+    rows = [{"step": 0, "wall_s": 0.0, "nfe": 0, metric: points[0][1], "eval/score": 0.0}]
     cost = {"time/iteration_s": iteration_s, "time/outside_share": 0.3, "mem/peak_mb": peak_mb, "loss": 0.1}
     step = 0
     prev = 0
@@ -40,7 +40,7 @@ def write_run(run_dir: Path, points: list[tuple[int, float]], iteration_s: float
         step += 1
         rows.append({"step": step, "wall_s": mid / 100, "nfe": mid, "reward/total": 0.0, **cost})
         step += 1
-        rows.append({"step": step, "wall_s": nfe / 100, "nfe": nfe, **cost, metric: score, "eval/strict": score / 2})
+        rows.append({"step": step, "wall_s": nfe / 100, "nfe": nfe, **cost, metric: score, "eval/score": score / 2})
         prev = nfe
     if extra_nfe:
         rows.append({"step": step + 1, "wall_s": (prev + extra_nfe) / 100, "nfe": prev + extra_nfe, **cost})
@@ -73,14 +73,14 @@ def test_report_known_curves(runs: dict[str, dict[int, Path]], tmp_path: Path) -
     out = tmp_path / "report"
     results = write_report(runs, out, reference=None, metric=None, meta={"nfe_budget": 200})
     assert json.loads((out / "results.json").read_text()) == results
-    assert results["metric"] == "eval/score" and results["reference"] == "ref"
+    assert results["metric"] == "eval/strict" and results["reference"] == "ref"
     assert results["target_score"] == pytest.approx(0.7)
     ref, fast, slow = (results["methods"][m] for m in ("ref", "fast", "slow"))
 
     assert ref["final_score"]["mean"] == pytest.approx(0.7)
     assert ref["final_score"]["std"] == pytest.approx(math.sqrt(0.02))  # sample std of 0.6, 0.8
     assert (ref["final_score"]["min"], ref["final_score"]["max"], ref["final_score"]["n"]) == (0.6, 0.8, 2)
-    assert ref["final_eval"]["eval/strict"]["mean"] == pytest.approx(0.35)
+    assert ref["final_eval"]["eval/score"]["mean"] == pytest.approx(0.35)
     assert ref["nfe_to_reach_reference"] == pytest.approx(200)
     assert ref["nfe_ratio_to_reference"] == pytest.approx(1.0)
     assert fast["curve_nfe"]["x"] == [0, 50, 100, 200]
@@ -169,22 +169,22 @@ def test_reach_on_every_axis(tmp_path: Path) -> None:
 
 
 def test_reference_and_metric_choice(runs: dict[str, dict[int, Path]], tmp_path: Path) -> None:
-    results = build_results(runs, reference="fast", metric="eval/strict")
-    assert results["metric"] == "eval/strict"
+    results = build_results(runs, reference="fast", metric="eval/score")
+    assert results["metric"] == "eval/score"
     assert results["target_score"] == pytest.approx(0.45)
     assert results["methods"]["fast"]["nfe_ratio_to_reference"] == pytest.approx(1.0)
     with pytest.raises(BenchError, match="unknown reference 'nope'"):
         build_results(runs, reference="nope")
     with pytest.raises(BenchError, match="metric 'eval/other' was not logged"):
         build_results(runs, metric="eval/other")
-    # Without eval/score, the first eval/* key every run logged.
+    # Without eval/strict, the first eval/* key every run logged.
     other = {"m": {0: write_run(tmp_path / "other", [(0, 0.1), (10, 0.2)], metric="eval/accuracy")}}
     assert build_results(other)["metric"] == "eval/accuracy"
 
 
 def test_final_evaluation_extends_the_curve(tmp_path: Path) -> None:
     run = write_run(tmp_path / "r", [(0, 0.2), (100, 0.4)], extra_nfe=50)
-    (run / FINAL_EVAL).write_text(json.dumps({"step": 5, "wall_s": 1.5, "nfe": 150, "eval/score": 0.5}))
+    (run / FINAL_EVAL).write_text(json.dumps({"step": 5, "wall_s": 1.5, "nfe": 150, "eval/strict": 0.5}))
     seed = build_results({"m": {0: run}})["methods"]["m"]["seeds"]["0"]
     assert seed["curve"]["nfe"] == [0, 100, 150] and seed["final"]["score"] == 0.5
     assert seed["nfe_used"] == 150
@@ -319,7 +319,7 @@ def test_bench_cli_end_to_end(tmp_path: Path) -> None:
     for name in ("results.json", "results.md", "score_vs_nfe.png", "score_vs_wall_s.png"):
         assert (out / name).is_file(), name
     results = json.loads((out / "results.json").read_text())
-    assert results["metric"] == "eval/score" and results["reference"] == "alpha"
+    assert results["metric"] == "eval/strict" and results["reference"] == "alpha"  # strict accuracy by default
     assert results["bench"]["nfe_budget"] == 80 and results["bench"]["seeds"] == [0, 1]
     assert set(results["methods"]) == {"alpha", "beta"}
     for name, method in results["methods"].items():
@@ -367,7 +367,7 @@ def test_extended_run_equals_a_run_given_the_larger_budget(tmp_path: Path) -> No
     # Same operations in the same order on the same process: the losses, rewards and scores are equal exactly.
     assert rows(tmp_path / "grown") == rows(tmp_path / "fresh") and rows(tmp_path / "fresh")[-1]["step"] == 4
     final = json.loads((run / FINAL_EVAL).read_text())
-    assert final["step"] == 4 and final["eval/score"] == fresh["methods"]["alpha"]["seeds"]["0"]["final"]["score"]
+    assert final["step"] == 4 and final["eval/strict"] == fresh["methods"]["alpha"]["seeds"]["0"]["final"]["score"]
 
 
 def merge(argv: list[str]) -> int:

@@ -120,8 +120,14 @@ def test_the_report_shows_the_runs_suite_tables(run: Path, tmp_path: Path) -> No
                  "--tag", "again", "--prompts", "4", "--protocol", "steps=2", "--quiet"]) == 0
     page = write_report(copy).read_text()
     assert "<h2>Evaluation suites</h2>" in page and "world (NOT comparable" in page
-    assert "<th>strict/single</th>" in page and "(+0.0000, p = 1)" in page  # the same weights twice: no difference
-    assert 'alt="world comparison"' in page
+    assert "<th>strict/single</th>" in page and "Δ +0.0000 [+0.0000, +0.0000], p = 1" in page  # the same weights
+    assert 'alt="world comparison"' in page and "a subset: 4 of the 256 published prompts" in page
+    elsewhere = tmp_path / "results"  # results kept elsewhere: --suites DIR shows them
+    assert main(["suite", "run", "world", str(copy), "--out", str(elsewhere), "--prompts", "4", "--protocol",
+                 "steps=2", "--quiet", "--tag", "other"]) == 0
+    assert main(["report", str(copy), "--suites", str(elsewhere), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "<th>other (n = 4 × 1)</th>" in page and "<th>last (n = 4 × 1)</th>" not in page
 
 
 def _rows(n: int, **columns: Any) -> list[dict[str, Any]]:

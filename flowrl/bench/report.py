@@ -20,7 +20,7 @@ from flowrl.bench.curve import mean_curve, stats, x_to_reach
 from flowrl.bench.errors import BenchError
 from flowrl.finite import finite_number
 
-DEFAULT_METRIC = "eval/score"
+DEFAULT_METRIC = "eval/strict"  # strict accuracy: the figure the summary, the suites and docs/world.md report
 FINAL_EVAL = "final_eval.json"  # the harness's evaluation after the last iteration (a run folder file)
 SCHEMA = 1
 
@@ -69,7 +69,7 @@ def _eval_keys(points: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def resolve_metric(requested: str | None, points: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """``requested`` if every run logged it; by default ``eval/score``, else the first ``eval/*`` key all share."""
+    """``requested`` if every run logged it; by default ``eval/strict``, else the first ``eval/*`` key all share."""
     keys = {label: _eval_keys(p) for label, p in points.items()}
     for label, found in keys.items():
         if not found:
@@ -386,7 +386,7 @@ def write_report(
     """Write ``results.json``, ``results.md`` and the plots for ``runs`` into ``out_dir``; return the results.
 
     ``runs`` maps method -> seed -> run folder; ``reference`` defaults to the first method; ``metric`` to
-    ``eval/score`` if logged, else the first ``eval/*`` key; ``meta`` is stored as ``results["bench"]``.
+    ``eval/strict`` if logged, else the first ``eval/*`` key; ``meta`` is stored as ``results["bench"]``.
     """
     from flowrl.bench.plots import plot_curves
 

@@ -221,6 +221,6 @@ def profile(args: argparse.Namespace) -> int:
 def report(args: argparse.Namespace) -> int:
     from flowrl.report.page import write_report
 
-    out = write_report(Path(args.run), Path(args.out) if args.out else None)
+    out = write_report(Path(args.run), Path(args.out) if args.out else None, Path(args.suites) if args.suites else None)
     print(f"wrote {out} (and every panel as PNG and PDF in {out.with_name(out.stem + '_figures')})")
     return 0

@@ -119,6 +119,8 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("run", type=ExistingPath("folder", "run folder"), help="run folder")
     rp.add_argument("--out", default=None, type=OutputFile(".html"), metavar="FILE.html",
                     help="where to write it (default: RUN/report.html)")
+    rp.add_argument("--suites", default=None, type=ExistingPath("folder", "suite results folder"), metavar="DIR",
+                    help="the --out folder of flowrl suite run whose comparisons to show (default: RUN/suites)")
     rp.set_defaults(func=commands.report)
 
     from flowrl.cli.bench import configure as configure_bench

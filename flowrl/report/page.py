@@ -46,7 +46,7 @@ STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1240px; color: #222; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 13px; } td, th { padding: 3px 10px; border-bottom: 1px solid #eee; }
-th { text-align: left; } .panels img { width: 500px; margin: 4px; }
+th { text-align: left; } .panels img { width: 500px; margin: 4px; } img.suite { max-width: 100%; height: auto; }
 .axis { display: none; } .switch { font-size: 13px; margin: 8px 0; } .switch label { margin-right: 14px; }
 #x-step:checked ~ .panels .by-step, #x-nfe:checked ~ .panels .by-nfe, #x-wall_s:checked ~ .panels .by-wall_s
   { display: inline-block; }
@@ -144,9 +144,10 @@ def curves_section(rows: Sequence[Mapping[str, Any]], alerts: Mapping[str, Seque
     return parts
 
 
-def render(run_dir: Path, rows: Sequence[Mapping[str, Any]], figures: str = "report_figures") -> str:
+def render(run_dir: Path, rows: Sequence[Mapping[str, Any]], figures: str = "report_figures",
+           suites: Path | None = None) -> str:
     """The page's HTML for the run folder ``run_dir`` with metrics ``rows``; ``figures``: the folder of the print
-    files, relative to the page."""
+    files, relative to the page; ``suites``: where the suite comparisons are (default ``RUN/suites``)."""
     recipe_file = run_dir / "recipe.toml"
     recipe = recipe_file.read_text(encoding="utf-8", errors="replace") if recipe_file.is_file() else ""
     name = next((line.split("=", 1)[1].strip().strip('"') for line in recipe.splitlines()
@@ -172,13 +173,14 @@ def render(run_dir: Path, rows: Sequence[Mapping[str, Any]], figures: str = "rep
         parts.append('<p class="ok">No alert was raised (alert/diversity, alert/reward_vs_eval).</p>')
     parts += curves_section(rows, alerts, figures)
     parts += sample_table(run_dir, _png)
-    parts += suite_section(run_dir)
+    parts += suite_section(suites if suites is not None else run_dir / "suites")
     parts += ["<h2>Resolved recipe</h2>", f"<pre>{html.escape(recipe) or '(no recipe.toml)'}</pre>", "</body></html>"]
     return "\n".join(parts)
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the report of ``run_dir`` to ``out`` (default ``RUN/report.html``); return its path."""
+def write_report(run_dir: Path, out: Path | None = None, suites: Path | None = None) -> Path:
+    """Write the report of ``run_dir`` to ``out`` (default ``RUN/report.html``), with the suite comparisons under
+    ``suites`` (default ``RUN/suites``); return its path."""
     run_dir = Path(run_dir)
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
@@ -192,7 +194,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     if not out.parent.is_dir():
         raise ReportError(f"--out {out}: folder {out.parent} does not exist")
     figures = out.with_name(out.stem + "_figures")
-    page = render(run_dir, rows, figures.name)
+    page = render(run_dir, rows, figures.name, suites)
     tmp = out.with_name(out.name + ".tmp")
     with refused_writes(out, "free space or choose another --out"):
         try:
