@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from flowrl.conditions import TEXT_ONLY, ConditionSpec
 from flowrl.contracts import refuses
 from flowrl.errors import PartError
 from flowrl.levels import accepting_floats, as_levels
@@ -161,6 +162,14 @@ class Backbone(Component, ABC):
     # names): a base overrides it with the projections its published LoRA recipes adapt
     lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
     device: torch.device = torch.device("cpu")
+
+    @classmethod
+    def accepts(cls, config: Any) -> ConditionSpec:
+        """The condition images this base takes with a prompt's text (flowrl.conditions): none by default, a
+        text-to-image (or text-to-video) base. An edit base says how many, of which modes, and documents how it
+        prepares them; its ``encode`` reads them with :func:`~flowrl.conditions.conditions_of`. Asked of the class
+        and its config, before the model loads."""
+        return TEXT_ONLY
 
     @classmethod
     def default_lora_targets(cls, config: Any) -> tuple[str, ...]:
@@ -394,3 +403,9 @@ class PromptSource(Component, ABC):
     def heldout(self) -> list[str]:
         """Evaluation prompts (defaults to none)."""
         return []
+
+    def condition_records(self) -> Iterable[tuple[str, str]]:
+        """The prompts whose condition images (flowrl.conditions) are held to what the backbone takes before it
+        loads, each with where it came from for the message (``"[prompts.path] prompt file F, record N:"``). By
+        default the held-out prompts; a source that reads a file gives every record of it."""
+        return ((f"[prompts] held-out prompt {i + 1} ({str(p)[:40]!r}):", p) for i, p in enumerate(self.heldout()))

@@ -29,6 +29,7 @@ def recipe(name: str = "tiny.toml", edit: Callable[[dict], object] = lambda d: N
 
 def write(name: str, content: bytes) -> Setup:
     def setup(folder: Path, run: Path) -> None:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content)
 
     return setup
@@ -49,6 +50,27 @@ def toml_syntax(folder: Path, run: Path) -> None:
 
 def prompt_file(data: dict) -> None:
     data["prompts"] = {"type": "text_file", "path": "prompts.txt"}
+
+
+def jsonl_prompts(data: dict) -> None:
+    data["prompts"] = {"type": "jsonl", "path": "prompts.jsonl"}
+
+
+def edit_record(image: str = "sources/0.png") -> Setup:
+    """``prompts.jsonl`` with one edit record whose source image is ``image`` (relative to the file)."""
+    return write("prompts.jsonl", f'{{"prompt": "make the red circle green", "image": "{image}"}}\n'.encode())
+
+
+def image_file(name: str, mode: str) -> Setup:
+    """An 8 x 8 image of ``mode`` saved as ``name`` (its format from the suffix)."""
+
+    def setup(folder: Path, run: Path) -> None:
+        from PIL import Image
+
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new(mode, (8, 8)).save(folder / name)
+
+    return setup
 
 
 def reward(spec: dict) -> Callable[[dict], None]:
@@ -322,6 +344,58 @@ CASES = [
         "error: [prompts.path] prompt file prompts.txt: not UTF-8 text (byte 18); save it as UTF-8",
         ("prompts.txt", "[prompts.path]"),
         keep=("prompts.txt",),
+    ),
+    # prompt files with condition images (JSONL)
+    Case(
+        "jsonl-not-json",
+        '`[prompts] type = "jsonl"`, `path = "prompts.jsonl"`; a record is not JSON (a missing closing brace)',
+        ("train", "tiny.toml"),
+        both(recipe(edit=jsonl_prompts), write("prompts.jsonl", b'{"prompt": "make the red circle green"\n')),
+        "error: [prompts.path] prompt file prompts.jsonl, record 1 (line 1): not JSON (Expecting ',' delimiter,"
+        " column 39); write one JSON object a line",
+        ("prompts.jsonl", "[prompts.path]", "record 1"),
+        keep=("prompts.jsonl",),
+    ),
+    Case(
+        "jsonl-image-missing",
+        'as above; the record\'s `"image": "sources/0.png"` does not exist',
+        ("train", "tiny.toml"),
+        both(recipe(edit=jsonl_prompts), edit_record()),
+        "error: [prompts.path] prompt file prompts.jsonl, record 1 (line 1): image sources/0.png: no such file"
+        " (image paths are relative to the prompt file)",
+        ("prompts.jsonl", "[prompts.path]", "record 1", "sources/0.png"),
+        keep=("prompts.jsonl",),
+    ),
+    Case(
+        "jsonl-image-unreadable",
+        "as above; `sources/0.png` holds text, not an image",
+        ("train", "tiny.toml"),
+        both(recipe(edit=jsonl_prompts), edit_record(), write("sources/0.png", b"not an image")),
+        "error: [prompts.path] prompt file prompts.jsonl, record 1 (line 1): image sources/0.png: not an image PIL"
+        " can read (PNG, JPEG, WebP, ...)",
+        ("prompts.jsonl", "[prompts.path]", "record 1", "sources/0.png"),
+        keep=("prompts.jsonl", "sources/0.png"),
+    ),
+    Case(
+        "jsonl-image-mode",
+        "as above; the image is a CMYK JPEG",
+        ("train", "tiny.toml"),
+        both(recipe(edit=jsonl_prompts), edit_record("sources/0.jpg"), image_file("sources/0.jpg", "CMYK")),
+        "error: [prompts.path] prompt file prompts.jsonl, record 1 (line 1): image sources/0.jpg: mode CMYK, which"
+        " flowrl does not take; save it as RGB",
+        ("prompts.jsonl", "[prompts.path]", "record 1", "sources/0.jpg"),
+        keep=("prompts.jsonl", "sources/0.jpg"),
+    ),
+    Case(
+        "jsonl-image-count-for-the-base",
+        "as above; a readable RGB source image, but the recipe's backbone is a text-to-image base",
+        ("train", "tiny.toml", "--output-dir", "run"),
+        both(recipe(edit=jsonl_prompts), edit_record(), image_file("sources/0.png", "RGB")),
+        "error: [prompts.path] prompt file prompts.jsonl, record 1 (line 1): has 1 image; the backbone 'tiny_flux'"
+        " takes none (a text-to-image base)",
+        ("prompts.jsonl", "[prompts.path]", "record 1", "tiny_flux"),
+        keep=("prompts.jsonl", "sources/0.png"),
+        absent=("run/metrics.jsonl",),
     ),
     # checkpoints: flowrl eval
     Case(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_world import gaussian_blur
 
 from flowrl.world import HELDOUT_PAIRS, SPLITS, ObjectGroup, Relation, Scene, detect, verify_batch
 from flowrl.world.edit import (
@@ -191,6 +192,14 @@ def test_pairs_share_everything_outside_the_edit() -> None:
         assert 1 <= len(cells) <= 2 * max(g.count for g in edit.source.groups) + 1
         background = (source == target).all(-1) & (source == WORLD_BACKGROUND[0]).all(-1)
         assert background.sum() > 32 * 32 // 2
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_the_verifier_survives_mild_blur_and_noise(split: str, pairs: dict) -> None:
+    edits, sources, targets = pairs[split]
+    noisy = gaussian_blur(targets, 0.7) / 255 + np.random.default_rng(0).normal(0, 0.03, targets.shape)
+    _, strict = score_edit_batch(np.clip(noisy, 0, 1).astype(np.float32), sources, [e.text for e in edits])
+    assert strict.mean() >= 0.99
 
 
 def test_batches_drawn_in_parts_equal_the_batch_at_once() -> None:
