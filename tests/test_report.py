@@ -221,3 +221,21 @@ def test_sample_strips_are_cut_into_captioned_tiles_and_clips(tmp_path: Path) ->
             clip.seek(k)
             shades.append(set(clip.convert("RGB").getdata()))
         assert shades == [{(204,) * 3}, {(255,) * 3}]
+
+
+def test_legends_name_figures_the_reward_has_a_running_mean_and_categories_have_bands() -> None:
+    from flowrl.report.curves import figure, panels, running_mean
+
+    assert running_mean([1.0, 3.0, 5.0, 7.0], window=2) == [1.0, 2.0, 4.0, 6.0]
+    rows = _rows(12, **{"reward/total": [0.1 * i for i in range(12)], "eval/strict": [0.5] * 11 + [0.6],
+                        "eval/strict/single": [0.2 + 0.01 * i for i in range(12)],
+                        "eval/strict/single_se": [0.05] * 12})
+    drawn = {p.spec.title: p for p in panels(rows)}
+    reward = figure(rows, drawn["training reward"], "step", [])
+    labels = [line.get_label() for line in reward.axes[0].get_lines()]
+    assert labels == ["total reward", "total reward, running mean of 10"]
+    strict = figure(rows, drawn["held-out evaluation"], "step", [])
+    assert [line.get_label() for line in strict.axes[0].get_lines()] == ["strict accuracy"]
+    category = figure(rows, drawn["held-out strict accuracy by category"], "step", [])
+    assert [line.get_label() for line in category.axes[0].get_lines()] == ["single"]
+    assert category.axes[0].collections  # the standard-error band

@@ -5,8 +5,10 @@ NFE, training seconds). A panel whose figures never move (a clip fraction of 0 w
 that is float noise at 1e-8) is not drawn: it is listed as flat, with the value it held. With a single reward,
 ``reward/<name>`` equals ``reward/total`` and is drawn once. A figure with a standard error (``<key>_se``) is
 drawn with its band, and no y range is narrower than the noise it shows (four standard errors, or 2% of the
-figure's size), so a wobble inside the noise reads as noise. Fewer than :data:`LINE_FROM` points are drawn as
-points, not joined by lines.
+figure's size), so a wobble inside the noise reads as noise (the world's per-category strict accuracy has one). The
+training reward, noisy from one iteration to the next, is drawn faint with its running mean over :data:`SMOOTH`
+iterations. Legends name figures ("strict accuracy", a category, a reward), not raw keys. Fewer than
+:data:`LINE_FROM` points are drawn as points, not joined by lines.
 
 Drawn with matplotlib's Agg canvas only (no pyplot state): PNG bytes for the page, and PNG and PDF files at
 print resolution (:func:`export_panels`).
@@ -40,7 +42,7 @@ class PanelSpec:
 PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("training reward", ("reward/",), "reward (mean over the iteration's rollouts)"),
     PanelSpec("held-out evaluation", ("eval/score", "eval/strict"), "held-out figure (mean ± se)"),
-    PanelSpec("held-out strict accuracy by category", ("eval/strict/",), "strict accuracy (share of prompts)"),
+    PanelSpec("held-out strict accuracy by category", ("eval/strict/",), "strict accuracy (mean ± se)"),
     PanelSpec("KL to the initial policy", ("health/kl_initial",), "KL per latent dimension (nats)"),
     PanelSpec("velocity drift from the initial policy", ("health/velocity_drift",), "rms(v - v0) / rms(v0)"),
     PanelSpec("within-group diversity", ("health/diversity",), "rms pixel distance within a group"),
@@ -51,6 +53,8 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("rollout NFE (cumulative)", ("nfe",), "transformer evaluations", counters=True),
     PanelSpec("training wall time", ("wall_s",), "seconds (evaluations excluded)", counters=True),
 )
+NAMES = {"eval/score": "score (partial credit)", "eval/strict": "strict accuracy", "reward/total": "total reward"}
+SMOOTH = 10  # the running mean of the training reward: the mean of the last this many logged iterations
 AXES: tuple[tuple[str, str], ...] = (("step", "iteration"), ("nfe", "rollout NFE"), ("wall_s", "training seconds"))
 LINE_FROM = 5  # fewer points than this are drawn as points only
 _SKIP_SUFFIXES = ("_se",)  # standard errors are drawn as bands of their figure, not as lines
@@ -146,13 +150,32 @@ def _y_floor(ax: Any, values: Sequence[float], errors: Sequence[float]) -> None:
         ax.set_ylim(middle - span / 2, middle + span / 2)
 
 
+def name_of(key: str, panel: PanelSpec) -> str:
+    """A legend's name for ``key``: its own name where flowrl has one, else the part under the panel's prefix."""
+    if key in NAMES:
+        return NAMES[key]
+    prefix = next((k for k in panel.keys if k.endswith("/") and key.startswith(k)), "")
+    return key[len(prefix):] if prefix else key
+
+
+def running_mean(values: Sequence[float], window: int = SMOOTH) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def figure(rows: Sequence[Mapping[str, Any]], panel: Panel, x: str, flagged: Sequence[int], dpi: int = 100) -> Any:
     """The matplotlib figure of ``panel`` against ``x`` (a key of :data:`AXES`); alert iterations marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    legend_rows = 0 if len(panel.keys) == 1 else -(-len(panel.keys) // 3)
+    smooth = panel.spec.keys == ("reward/",)  # a noisy per-iteration figure: its running mean beside it
+    entries = len(panel.keys) * (2 if smooth else 1)
+    legend_rows = 0 if entries == 1 else -(-entries // 3)
     fig = Figure(figsize=(5.0, 3.3 + 0.22 * legend_rows), dpi=dpi)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -164,8 +187,12 @@ def figure(rows: Sequence[Mapping[str, Any]], panel: Panel, x: str, flagged: Seq
             continue
         colour = f"C{i % 10}"
         line = "-" if len(values) >= LINE_FROM else "none"
-        ax.plot(xs, values, color=colour, label=key, marker="o" if len(values) < 40 else None, markersize=3,
-                linestyle=line, linewidth=1.3)
+        label = name_of(key, panel.spec)
+        ax.plot(xs, values, color=colour, label=label, marker="o" if len(values) < 40 else None, markersize=3,
+                linestyle=line, linewidth=1.3 if not smooth else 0.8, alpha=1.0 if not smooth else 0.45)
+        if smooth and len(values) >= LINE_FROM:
+            ax.plot(xs, running_mean(values), color=colour, linewidth=1.8,
+                    label=f"{label}, running mean of {SMOOTH}")
         _, errors = series(rows, key + "_se", x)
         if len(errors) == len(values):
             ax.fill_between(xs, [v - e for v, e in zip(values, errors, strict=True)],
@@ -184,7 +211,7 @@ def figure(rows: Sequence[Mapping[str, Any]], panel: Panel, x: str, flagged: Seq
     ax.grid(alpha=0.3)
     _y_floor(ax, every_value, every_error)
     if legend_rows:
-        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=min(3, len(panel.keys)), fontsize=8,
+        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=min(3, entries), fontsize=8,
                    frameon=False)
     fig.tight_layout(rect=(0, 0.075 * legend_rows / (1 + 0.07 * legend_rows), 1, 1))
     return fig

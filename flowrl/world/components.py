@@ -74,7 +74,7 @@ class WorldVerifier(RewardModel):
         return torch.from_numpy(strict if self.config.strict else scores).float()
 
     def eval_metrics(self, images: Tensor, prompts: list[str]) -> dict[str, float]:
-        """``score``, ``strict`` and their standard errors; ``strict/KIND`` per prompt kind present;
+        """``score``, ``strict`` and their standard errors; ``strict/KIND`` (and its standard error) per prompt kind;
         ``objects`` (detected per image) against ``objects_asked``."""
         scenes = [_scene(p) for p in prompts]
         verdicts = verify_batch(images.detach().float().cpu(), scenes)
@@ -86,7 +86,7 @@ class WorldVerifier(RewardModel):
         kinds = np.asarray([s.kind for s in scenes])
         for kind in KINDS:
             if (kinds == kind).any():
-                out[f"strict/{kind}"] = float(strict[kinds == kind].mean())
+                out[f"strict/{kind}"], out[f"strict/{kind}_se"] = _mean_se(strict[kinds == kind])
         out["objects"] = float(np.mean([len(v.detections) for v in verdicts]))
         out["objects_asked"] = float(np.mean([s.num_objects for s in scenes]))
         return out
