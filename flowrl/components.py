@@ -27,3 +27,4 @@ from flowrl.suites import builtin as builtin_suites  # noqa: F401
 from flowrl.suites import geneval as geneval_suite  # noqa: F401
 from flowrl.suites import geneval2 as geneval2_suite  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401
+from flowrl.world import edit_base  # noqa: F401

@@ -23,6 +23,7 @@ from flowrl.recipe import load_recipe
 from flowrl.registry import registry
 from flowrl.rewards.base import has_module
 from flowrl.types import Plan, Schedule, Unit
+from flowrl.world.components import BASE_MODEL
 from flowrl.world.grammar import enumerate_scenes
 from flowrl.world.render import render_batch
 
@@ -160,6 +161,7 @@ BACKBONES: dict[str, Any] = {
     "tiny_flux": lambda: {"resolution": 16, "num_layers": 1, "num_single_layers": 1},
     "tiny_sd3": lambda: {"resolution": 16},
     "world_tiny": lambda: {},
+    "world_edit": lambda: {"path": str(BASE_MODEL)},  # the text-to-image weights: text prompts run the world's forward
     # the recipes' frame sizes replaced by SMALL's side; their num_frames, CFG and grid kept
     "wan": lambda: {"path": saved("wan"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
     "tiny_wan": lambda: {"resolution": 16, "num_frames": 5},
