@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,14 @@ def write(name: str, content: bytes) -> Setup:
     def setup(folder: Path, run: Path) -> None:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content)
+
+    return setup
+
+
+def write_summary(summary: dict) -> Setup:
+    def setup(folder: Path, run: Path) -> None:
+        (folder / "result").mkdir()
+        (folder / "result" / "summary.json").write_text(json.dumps(summary))
 
     return setup
 
@@ -519,5 +528,24 @@ CASES = [
         "error: reward 'colour' returned shape (8, 3), expected (8,)",
         ("'colour'", "shape"),
         pythonpath=True,
+    ),
+    # suites
+    Case(
+        "suite-empty-prompts",
+        "`flowrl suite run drawbench` with `--set prompts='empty.txt'`, a prompt file with no prompt",
+        ("suite", "run", "drawbench", "tiny.toml", "--out", "results", "--set", "prompts='empty.txt'"),
+        both(recipe(), write("empty.txt", b"\n\n")),
+        "error: empty.txt: no prompts in the file",
+        ("empty.txt", "no prompts"),
+        absent=("results",),
+    ),
+    Case(
+        "suite-summary-edited",
+        "`flowrl suite compare` of a result folder whose `summary.json` lost its `per_prompt` list (edited by hand)",
+        ("suite", "compare", "result"),
+        write_summary({"suite": "world", "tag": "t", "protocol": {}, "figures": {}, "prompts": [], "categories": []}),
+        "error: result/summary.json: 'per_prompt' is missing or not a list; score result again (--stage score)",
+        ("result/summary.json", "'per_prompt'"),
+        keep=("result/summary.json",),
     ),
 ]
