@@ -77,7 +77,7 @@ def run_summary(run_dir: Path, keep_best: str = "auto", recipe: Any = None) -> s
         change = _value(final, key) - _value(first, key)
         moved = f"{change:+.3f}; " if math.isfinite(change) else ""
         lines.append(f"{key}: {_with_se(first, key)} at step {first['step']} -> {_with_se(final, key)} at step "
-                     f"{final['step']} ({moved}held-out prompts, deterministic ODE samples)")
+                     f"{final['step']} ({moved}± one standard error; held-out prompts, deterministic ODE samples)")
         folder = run_dir / "checkpoints" / BEST
         if best is not None and math.isfinite(float(best["best"]["value"])):
             initial = " (the initial weights: no later evaluation beat them)" if best["step"] == 0 else ""
