@@ -24,7 +24,10 @@ from flowrl.rewards import (  # noqa: F401
 )
 from flowrl.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.suites import builtin as builtin_suites  # noqa: F401
+from flowrl.suites import dpgbench as dpgbench_suite  # noqa: F401
 from flowrl.suites import geneval as geneval_suite  # noqa: F401
 from flowrl.suites import geneval2 as geneval2_suite  # noqa: F401
+from flowrl.suites import t2icompbench as t2icompbench_suite  # noqa: F401
+from flowrl.suites import unigenbench as unigenbench_suite  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401
 from flowrl.world import edit_base  # noqa: F401

@@ -16,8 +16,11 @@ from typing import Any
 import attrs
 
 from flowrl.errors import UserError
+from flowrl.suites.converters import CONVERTERS
 
 RAW = "https://raw.githubusercontent.com"
+T2I = f"{RAW}/Karine-Huang/T2I-CompBench/1b7094991a57f3c22abdd4f6e8ba6c1a15517073/examples/dataset"
+UNIGEN = f"{RAW}/CodeGoat24/UniGenBench/49d0bcebb0b9418d975d3957c2fee10f34811d14"
 
 
 @attrs.frozen
@@ -25,7 +28,8 @@ class Source:
     url: str
     sha256: str | None  # None: the source is not versioned; the fetch records the sha256 it got
     licence: str
-    convert: str  # how the file becomes prompts.jsonl: "geneval", "jsonl", "tsv", "json", "csv"
+    convert: str  # how the file becomes prompts.jsonl: "geneval", "jsonl", "tsv", "json", "csv" or a suite's own
+    # (flowrl/suites/converters.py)
 
 
 SOURCES: dict[str, tuple[Source, ...]] = {
@@ -43,6 +47,35 @@ SOURCES: dict[str, tuple[Source, ...]] = {
                    for style in ("anime", "concept-art", "paintings", "photo")),
     "drawbench": (Source("https://docs.google.com/spreadsheets/d/1y7nAbmR4FREi6npB1u-Bo3GFdwdOPYJc617rBOxIRHY/gviz/"
                          "tq?tqx=out:csv", None, "unstated (the Imagen authors' published sheet)", "csv"),),
+    # DPG-Bench (ELLA's repository, Apache-2.0): the question graph of each of its 1,065 prompts. The file is not
+    # in the snapshot this was pinned from (too large for it), so no sha256: its git blob id is checked instead.
+    "dpgbench": (Source(f"{RAW}/TencentQQGYLab/ELLA/3c228f1dc6c4d3cad0a47493816151a419f14db3/dpg_bench/dpg_bench.csv",
+                        None, "Apache-2.0", "dpgbench"),),
+    # T2I-CompBench++ (MIT): the 300 validation prompts of each of its 8 categories, and the lists its 3-in-1 score
+    # reads to tell complex prompts with a spatial or an action relation
+    "t2icompbench": tuple(Source(f"{T2I}/{stem}.txt", digest, "MIT", "t2icompbench") for stem, digest in (
+        ("color_val", "1634259756dbc77d13093d907d414480080ec9790a8c97ad09efaea7b2534f2d"),
+        ("shape_val", "37e1a276906c7ea9516cbd7ac8501be896006c0c17ca7344f260562834455bae"),
+        ("texture_val", "fbb5363515b4a28009e360afaaaf389d2dd2289e50dbb0c6ef4ea0c7fe4f3d4f"),
+        ("spatial_val", "8707a1d7e42ce3002d95363cf55f74bd043c843ae27108f5125aaaa7840ca988"),
+        ("3d_spatial_val", "c9953597315f36a5fcb41291bb19bdc6ab5f64a0fa760d691b4854a73f5d1fe9"),
+        ("non_spatial_val", "04c56cc9ac441dc9ea6c5157652058bd1635b5308526dd31bb29a1caab9a758d"),
+        ("complex_val", "1b808018b8d9916db3d47d5aa2ef18377a3549a56901a474156f799824cdf3b4"),
+        ("numeracy_val", "dad8df141604b70ba7554bec724e3db0a80023680769b5c514854ea2d2527bbe"),
+        ("complex_val_spatial", "6c7ac0ab75c7c9080cfc7b421fb059b9b0febb98471707aeedf58771088abc02"),
+        ("complex_val_action", "d49ee4c7f99e3f3379fb8704a54ff5288b83bb412971edf616a4721c2473308e"))),
+    # UniGenBench++ (its License.txt: CC BY 4.0, Tencent): 600 prompts in four forms, each with its testpoints
+    "unigenbench": tuple(Source(f"{UNIGEN}/data/test_prompts_{form}.csv", digest, "CC BY 4.0 (attribution: Tencent, "
+                                "UniGenBench)", "unigenbench") for form, digest in (
+        ("en", "f82e8ce854985ef963378eaaf8ce12f2e3a57dd6f53e1aea84a61fbeadfe4459"),
+        ("en_long", "5d2c3d642cc4923504b662ad15b425c2d161a137884701881e00c2691a697253"),
+        ("zh", "7ff2d2131e68e6182f43a28ecf03d070f7735788f3c5420db3f83141492e8cb3"),
+        ("zh_long", "6e281a5781878584db932a3bfd16dc51afb195566eb7a30c17fb9c09fd3b1776"))),
+    # the judge's instructions of UniGenBench++'s evaluation (its templates and checkpoint explanations, read from
+    # the pinned file at fetch time, never copied into flowrl): one record per language
+    "unigenbench-judge": (Source(f"{UNIGEN}/eval/src/eval_common.py",
+                                 "c26c91cc65be7ed4234f07a310eed8812888c83b8b83b1934b77b1f48c463eb9",
+                                 "CC BY 4.0 (the repository's License.txt)", "unigenbench-judge"),),
 }
 
 
@@ -82,6 +115,8 @@ def _download(url: str) -> bytes:
 
 def _rows(name: str, source: Source, raw: bytes) -> list[dict[str, Any]]:
     text = raw.decode("utf-8")
+    if source.convert in CONVERTERS:
+        return CONVERTERS[source.convert](source.url, raw)
     if source.convert == "geneval":  # tag becomes the category; the clauses stay for the rules
         return [{**row, "category": row["tag"]} for row in map(json.loads, text.splitlines()) if row]
     if source.convert == "jsonl":

@@ -12,8 +12,7 @@ verbatim), or ``"module:function"`` (``function(image, question, spellings) -> p
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -22,14 +21,14 @@ from torch import Tensor
 
 from flowrl.errors import UserError
 from flowrl.registry import register
-from flowrl.suites.interface import Item, Suite, named_function
+from flowrl.suites.interface import Item, Suite
+from flowrl.suites.judge import SUFFIX, Judge, openai_judge, transformers_judge  # noqa: F401 (geneval2's names)
+from flowrl.suites.judge import resolve_judge as shared_resolve
 from flowrl.suites.prompt_sets import suite_items
 from flowrl.suites.protocol import Protocol
 
 SKILLS = ("object", "attribute", "count", "position", "verb")
 NUMBERS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
-SUFFIX = " Answer in one word."
-Judge = Callable[[Tensor, str, list[str]], float]
 
 
 def spellings(question: str, answer: str) -> list[str]:
@@ -44,71 +43,8 @@ def spellings(question: str, answer: str) -> list[str]:
     return ["Yes", "yes", " yes", " Yes"]
 
 
-def transformers_judge(path: str) -> Judge:
-    """A local transformers vision-language model: the probabilities of its first answer token."""
-    import torch
-    from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    try:
-        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
-        model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True).eval()
-    except (OSError, ImportError, ValueError) as error:  # no such folder; a processor needing a missing extra
-        raise UserError(f"judge transformers:{path}: cannot load a vision-language model there ({error})") from None
-    tokenizer = processor.tokenizer
-
-    @torch.no_grad()
-    def probability(image: Tensor, question: str, forms: list[str]) -> float:
-        pixels = (image.float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu().numpy()
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question + SUFFIX}]}]
-        chat = processor.apply_chat_template(messages, add_generation_prompt=True)
-        inputs = processor(text=[chat], images=[Image.fromarray(pixels)], return_tensors="pt").to(model.device)
-        # one greedy token through generate(), as the source does: its first-step scores include the model's
-        # logits processors (a repetition penalty of its generation config, say)
-        out = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True)
-        probs = out.scores[0][0].float().softmax(-1)
-        ids = [tokenizer.encode(form, add_special_tokens=False)[0] for form in forms]
-        return float(sum(probs[i] for i in ids))
-
-    return probability
-
-
-def openai_judge(address: str) -> Judge:
-    """A served judge: one chat request per question, ``max_tokens = 1`` with the top 20 log-probabilities."""
-    from flowrl.rewards.http import Endpoint
-    from flowrl.rewards.wire import encode_image
-
-    url, _, model = address.partition("#")
-    endpoint = Endpoint(url, 300.0, retries=2, backoff_s=2.0)
-
-    def probability(image: Tensor, question: str, forms: list[str]) -> float:
-        data = encode_image(image, "png")["data"]
-        content = [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
-                   {"type": "text", "text": question + SUFFIX}]
-        body = {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0,
-                "max_tokens": 1, "logprobs": True, "top_logprobs": 20}
-        answer = endpoint.post("/v1/chat/completions", body)
-        try:
-            top = answer["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
-            found = {str(t["token"]): math.exp(float(t["logprob"])) for t in top}
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise UserError(f"judge {url}: the answer has no choices[0].logprobs.content[0].top_logprobs") from None
-        return sum(found.get(form, 0.0) for form in forms)
-
-    return probability
-
-
 def resolve_judge(name: str) -> Judge:
-    kind, _, rest = name.partition(":")
-    if kind == "transformers" and rest:
-        return transformers_judge(rest)
-    if kind == "openai" and rest:
-        return openai_judge(rest)
-    if rest and kind:
-        return named_function(name, "suite geneval2: judge")  # type: ignore[no-any-return]
-    raise UserError("suite geneval2 needs a judge: judge = \"transformers:PATH\", \"openai:URL#MODEL\" or "
-                    "\"module:function\" (docs/evaluation.md)")
+    return shared_resolve(name, "geneval2")
 
 
 @register("suite", "geneval2")
