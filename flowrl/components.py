@@ -30,4 +30,4 @@ from flowrl.suites import geneval2 as geneval2_suite  # noqa: F401
 from flowrl.suites import t2icompbench as t2icompbench_suite  # noqa: F401
 from flowrl.suites import unigenbench as unigenbench_suite  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401
-from flowrl.world import edit_base  # noqa: F401
+from flowrl.world import edit_base, edit_components  # noqa: F401

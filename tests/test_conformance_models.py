@@ -51,6 +51,7 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "ocr": ({}, (0.0, 1.0), ("rapidocr_onnxruntime",)),
     "pickscore": ({"model": CLIP, "processor": CLIP, "device": "cpu"}, None, ()),
     "world_verifier": ({}, (0.0, 1.0), ()),
+    "world_edit_verifier": ({}, (0.0, 1.0), ()),  # edits of the rendered scenes, each scene its source
     "remote": ({}, (0.0, 1.0), ()),  # the world verifier, served on 127.0.0.1 in a thread (served_verifier)
 }
 FLOAT32_TOL, REDUCED_TOL = 1e-4, 3e-2  # see flowrl.conformance.backbones.TOLERANCE
@@ -81,6 +82,12 @@ _SERVERS: list[Any] = []
 
 
 def reward_prompts(name: str) -> list[str]:
+    if name == "world_edit_verifier":  # an edit of each scene, the scene's rendering its source image
+        from flowrl.conditions import Condition, Prompt
+        from flowrl.world.edit import _edits_of
+
+        sources = render_batch(SCENES, 0)
+        return [Prompt(_edits_of(s)[0].text, [Condition(img)]) for s, img in zip(SCENES, sources, strict=True)]
     return ['a sign that says "OPEN"'] * len(SCENES) if name == "ocr" else list(WORLD_PROMPTS)
 
 
@@ -161,7 +168,7 @@ BACKBONES: dict[str, Any] = {
     "tiny_flux": lambda: {"resolution": 16, "num_layers": 1, "num_single_layers": 1},
     "tiny_sd3": lambda: {"resolution": 16},
     "world_tiny": lambda: {},
-    "world_edit": lambda: {"path": str(BASE_MODEL)},  # the text-to-image weights: text prompts run the world's forward
+    "world_edit_tiny": lambda: {"path": str(BASE_MODEL)},  # text-to-image weights: text prompts, the world's forward
     # the recipes' frame sizes replaced by SMALL's side; their num_frames, CFG and grid kept
     "wan": lambda: {"path": saved("wan"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
     "tiny_wan": lambda: {"resolution": 16, "num_frames": 5},

@@ -25,7 +25,7 @@ TEXTS = ["a red circle", "two blue squares", "a green triangle above a yellow ci
 def bases() -> tuple[WorldEdit, flowrl.Backbone]:
     """The edit base and the text-to-image base on the same (shipped text-to-image) weights."""
     return (
-        flowrl.build("backbone", {"type": "world_edit", "path": str(BASE_MODEL)}),
+        flowrl.build("backbone", {"type": "world_edit_tiny", "path": str(BASE_MODEL)}),
         flowrl.build("backbone", {"type": "world_tiny"}),
     )
 
@@ -104,11 +104,11 @@ def test_the_base_takes_one_rgb_source_and_text_prompts_are_refused_before_it_lo
     recipe = recipe_from_dict(
         {
             **tiny_recipe(),
-            "backbone": {"type": "world_edit", "path": str(BASE_MODEL)},
+            "backbone": {"type": "world_edit_tiny", "path": str(BASE_MODEL)},
         }
     )
     source = recipe.build("prompts")
-    with pytest.raises(ConditionError, match=r"has no image; the backbone 'world_edit' takes exactly 1 image \(the"):
+    with pytest.raises(ConditionError, match=r"has no image; the backbone 'world_edit_tiny' takes exactly 1 image"):
         check_source(source, recipe.parts["backbone"])
 
 

@@ -34,7 +34,7 @@ EDIT_MODEL = Path(__file__).with_name("base_model_edit")
 SOURCE = ConditionSpec(count=(1, 1), modes=("RGB",), meaning=("the source image",))
 
 
-@register("backbone", "world_edit")
+@register("backbone", "world_edit_tiny")
 class WorldEdit(WorldTiny):
     """The embedded world's edit base: the tiny FLUX reading the source image's tokens (Kontext-style).
 
@@ -97,7 +97,7 @@ class WorldEdit(WorldTiny):
         with_source = [len(r) == 3 for r in rows]
         if any(with_source):
             if not all(with_source):
-                raise ValueError("world_edit: a batch mixes prompts with and without a source image")
+                raise ValueError("world_edit_tiny: a batch mixes prompts with and without a source image")
             tensors["source"] = torch.stack([r[2] for r in rows])
         return Conditioning(tensors)
 
