@@ -1,4 +1,5 @@
-"""Loading trained weights back: a run folder or a checkpoint folder becomes a ready policy."""
+"""Loading trained weights back: a run folder, a checkpoint folder or a folder written by ``flowrl export``
+becomes a ready policy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor
 
 from flowrl.evaluate import evaluate, ode_images
+from flowrl.export.manifest import exported_overrides, read_manifest, transformer_weights
 from flowrl.interfaces import Backbone, PromptSource
 from flowrl.recipe import Recipe, load_recipe
 from flowrl.rewards.built import BuiltReward
@@ -30,12 +32,15 @@ class LoadedPolicy:
     prompts: PromptSource
     rewards: list[BuiltReward]
     step: int
-    source: Path  # the checkpoint folder, or the recipe file for an initial policy
+    source: Path  # the checkpoint folder, the exported folder, or the recipe file for an initial policy
+    exported: bool = False  # source is a folder written by flowrl export
 
     def describe(self) -> str:
         """One line saying which weights these are (the commands print it)."""
         if self.source.suffix == ".toml":
             return f"using the initial policy of {self.source}"
+        if self.exported:
+            return f"using the exported folder {self.source} (step {self.step})"
         return f"using checkpoint {self.source} (step {self.step})"
 
     def images(self, prompts: list[str], seed: int = 0) -> Tensor:
@@ -50,9 +55,11 @@ class LoadedPolicy:
 
 
 def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "last") -> LoadedPolicy:
-    """A run folder or checkpoint (its recipe, its weights), or a recipe file (its initial policy, step 0);
-    ``overrides`` (``key=value``) change the recipe as ``--set`` does; ``checkpoint`` chooses a run folder's
-    checkpoint: ``"last"``, ``"best"`` or a step number."""
+    """A run folder or checkpoint (its recipe, its weights), a folder written by ``flowrl export`` (its recipe, its
+    shipped base if any, its LoRA or transformer), or a recipe file (its initial policy, step 0); ``overrides``
+    (``key=value``) change the recipe as ``--set`` does; ``checkpoint`` chooses a run folder's checkpoint:
+    ``"last"``, ``"best"`` or a step number."""
+    manifest = None
     if path.suffix == ".toml":
         recipe = load_recipe(path, overrides)
         weights, state, folder = None, {"step": 0}, path
@@ -61,16 +68,26 @@ def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "la
         recipe_file = folder / "recipe.toml"
         if not recipe_file.exists():
             raise CheckpointError(f"checkpoint {folder}: missing recipe.toml")
-        recipe = load_recipe(recipe_file, [*own_lora(folder, recipe_file), *overrides])
-        weights, state, _ = load_checkpoint(folder)
+        manifest = read_manifest(folder)
+        if manifest is not None:  # the LoRA loads as lora.init; a transformer's tensors as a checkpoint's weights
+            recipe = load_recipe(recipe_file, [*exported_overrides(folder, manifest), *overrides])
+            state = {"step": manifest.step}
+            weights = transformer_weights(folder) if manifest.weights == "transformer" else None
+        else:
+            recipe = load_recipe(recipe_file, [*own_lora(folder, recipe_file), *overrides])
+            weights, state, _ = load_checkpoint(folder)
     rewards = reward_models(recipe)
     backbone: Backbone = recipe.build("backbone")
     if recipe.lora is not None:
         add_lora(backbone.transformer, recipe.lora)
     if weights is not None:
+        if manifest is not None:  # a diffusers model folder also holds the module's buffers
+            buffers = {name for name, _ in backbone.transformer.named_buffers()}
+            weights = {k: v for k, v in weights.items() if k not in buffers}
         load_weights_into(backbone.transformer, weights, folder)
     backbone.transformer.eval()
     sigmas = backbone.schedule_sigmas(recipe.trainer.eval_steps, recipe.schedule.shift)
     schedule = Schedule(sigmas=sigmas, kernel=recipe.build("kernel"))
     prompts = recipe.build("prompts")
-    return LoadedPolicy(recipe, backbone, schedule, prompts, rewards, int(state["step"]), Path(folder))
+    return LoadedPolicy(recipe, backbone, schedule, prompts, rewards, int(state["step"]), Path(folder),
+                        exported=manifest is not None)

@@ -5,6 +5,7 @@ No test uploads anything: the network case points the hub client at a closed loc
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,8 @@ def test_a_lora_run_exports_its_weights_recipe_samples_and_card(lora_run: Path, 
     assert flowrl(["export", str(lora_run), "--out", str(out), "--full-weights", "--prompt", "a red circle",
                    "--prompt", "a cat", "--per-prompt", "2"]) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["README.md", "lora", "lora_kohya.safetensors", "recipe.toml", "samples.png", "transformer"]
+    assert names == ["README.md", "base", "flowrl_export.json", "lora", "lora_kohya.safetensors", "recipe.toml",
+                     "samples.png", "transformer"]  # base/: the local base, which another machine does not have
     assert not list(tmp_path.glob(".*partial"))
     card = (out / "README.md").read_text()
     matter = front_matter(card)
@@ -62,7 +64,9 @@ def test_a_lora_run_exports_its_weights_recipe_samples_and_card(lora_run: Path, 
     assert f"| {rows[2]['eval/score'] - rows[0]['eval/score']:+.3f} |" in card
     assert "`eval/score`: a mean alone; the reward reports no per-prompt spread" in card  # JPEG: no _se figure
     assert "1. a red circle\n2. a cat" in card and "pipe.load_lora_weights" in card
-    assert (out / "recipe.toml").read_text() == (lora_run / "checkpoints" / "step_000002" / "recipe.toml").read_text()
+    saved = tomllib.loads((lora_run / "checkpoints" / "step_000002" / "recipe.toml").read_text())
+    exported = tomllib.loads((out / "recipe.toml").read_text())
+    assert exported == {**saved, "backbone": {**saved["backbone"], "path": "base"}}  # the shipped base
     kohya = load_file(out / "lora_kohya.safetensors")
     assert any(k.endswith(".lora_down.weight") for k in kohya)
     from PIL import Image
@@ -109,7 +113,7 @@ def test_a_full_fine_tuning_run_exports_its_transformer(tmp_path: Path) -> None:
     card = (out / "README.md").read_text()
     assert front_matter(card)["license"] == "apache-2.0"  # tiny_flux is flowrl's own model
     assert "no held-out evaluation" in card and "1. a dog" in card  # the held-out prompt draws the grid
-    assert "| figure |" not in card and "FluxTransformer2DModel.from_pretrained" in card
+    assert "| figure |" not in card and "load only through flowrl" in card  # tiny_flux: built by flowrl's code
     exported = FluxTransformer2DModel.from_pretrained(out, subfolder="transformer").state_dict()
     saved = load_file(tmp_path / "run" / "checkpoints" / "step_000002" / "weights.safetensors")
     assert saved and all(torch.equal(exported[k], v) for k, v in saved.items())
@@ -173,3 +177,94 @@ def test_refusals_are_one_line_and_write_nothing(
     assert flowrl(["export", str(lora_run), "--out", str(out), "--per-prompt", "0", "--push-to-hub", "me/x"]) == 2
     err = capsys.readouterr().err
     assert "the upload failed" in err and "Traceback" not in err and (out / "README.md").is_file()
+
+
+def test_no_exported_file_names_a_path_of_this_machine(
+    lora_run: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The recipe's absolute paths (the base's folder, a LoRA to start from), the configs' `_name_or_path` and the
+    card's base are scrubbed: no file holds the run's, the base's or this checkout's absolute path."""
+    import sys
+
+    from conftest import ROOT
+
+    data = tiny_recipe(max_steps=1, checkpoint_every=1)
+    data["backbone"] = tomllib.loads((lora_run / "recipe.toml").read_text())["backbone"]
+    data["lora"] = {"init": str(lora_run / "checkpoints" / "step_000002" / "lora")}  # an absolute path
+    Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True).run()
+    out = tmp_path / "out"
+    assert flowrl(["export", str(tmp_path / "run"), "--out", str(out), "--full-weights", "--per-prompt", "1"]) == 0
+    local = {str(tmp_path_factory.getbasetemp()), str(ROOT), sys.prefix, str(Path.home())}
+    files = [p for p in out.rglob("*") if p.is_file()]
+    for file in files:
+        found = [path for path in local if path.encode() in file.read_bytes()]
+        assert not found, (file, found)
+    assert len(files) > 20  # the base's files (its configs among them) were scanned too
+    recipe = tomllib.loads((out / "recipe.toml").read_text())
+    assert recipe["backbone"]["path"] == "base" and recipe["lora"]["init"] == "lora"  # the file's name, said so
+    assert '# lora.init = "lora": was an absolute path' in (out / "recipe.toml").read_text()
+
+
+def headings(card: str) -> list[str]:
+    """The card's markdown headings, outside fenced code blocks."""
+    fenced, found = False, []
+    for line in card.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            found.append(line)
+    return found
+
+
+def test_pasted_suite_headings_sit_under_the_cards_own(lora_run: Path, tmp_path: Path) -> None:
+    """`flowrl suite run` writes its comparison with an H1 and H2s; under the card's H2 they become H3 and H4, so
+    the card has one H1 and no heading deeper than one below the one before it."""
+    import shutil
+
+    run = shutil.copytree(lora_run, tmp_path / "run")
+    (run / "suites" / "comparison-world").mkdir(parents=True)
+    (run / "suites" / "comparison-world" / "comparison.md").write_text(
+        "# Suite world\n\n## pinned protocol (comparable with published figures)\n\n| figure | base | run |\n"
+        "| --- | --- | --- |\n| strict | 0.3 | 0.4 |\n")
+    out = tmp_path / "out"
+    assert flowrl(["export", str(run), "--out", str(out), "--per-prompt", "0"]) == 0
+    found = headings((out / "README.md").read_text())
+    levels = [len(h) - len(h.lstrip("#")) for h in found]
+    assert levels[0] == 1 and levels.count(1) == 1, found
+    assert all(b <= a + 1 for a, b in zip(levels, levels[1:], strict=False)), found
+    at = found.index("## Evaluation suites")
+    assert found[at + 1:at + 3] == ["### Suite world", "#### pinned protocol (comparable with published figures)"]
+    from flowrl.export.card import demote_headings
+
+    fenced = "## A\n\n```bash\n# a comment\n```\n### B"
+    assert demote_headings(fenced, 3) == "### A\n\n```bash\n# a comment\n```\n#### B"
+    assert demote_headings("#### deep\n", 3) == "#### deep\n"  # already below: unchanged
+
+
+def test_full_weights_on_a_full_fine_tune_says_there_is_nothing_to_merge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Trainer(recipe_from_dict(tiny_recipe(max_steps=1, checkpoint_every=1)), tmp_path / "run", quiet=True).run()
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert flowrl(["export", str(tmp_path / "run"), "--out", str(out), "--full-weights", "--per-prompt", "0"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--full-weights" in err[0] and "no LoRA to merge" in err[0], err
+    assert (out / "transformer").is_dir() and not (out / "lora").exists()
+
+
+def test_best_at_step_0_is_called_the_initial_weights(tmp_path: Path) -> None:
+    """A run whose evaluations never beat step 0's keeps the initial weights as checkpoints/best: exported, the card
+    says they are the initial weights, not fine-tuned ones."""
+    data = tiny_recipe(max_steps=1, eval_every=1)
+    data["optim"] = {"lr": 1e-30}  # a step that changes nothing the evaluation can see
+    Trainer(recipe_from_dict(data), tmp_path / "run", quiet=True).run()
+    assert json.loads((tmp_path / "run" / "checkpoints" / "best" / "trainer_state.json").read_text())["step"] == 0
+    out = tmp_path / "out"
+    assert flowrl(["export", str(tmp_path / "run"), "--checkpoint", "best", "--out", str(out), "--per-prompt",
+                   "0"]) == 0
+    card = (out / "README.md").read_text()
+    assert "fine-tuned transformer" not in card and "trained by reinforcement learning" not in card
+    assert "# tiny (initial weights)" in card
+    assert "**These are the initial weights of the base `tiny_flux`, not fine-tuned ones.**" in card
+    assert "`best` is its step 0: no later evaluation improved on the initial policy" in card

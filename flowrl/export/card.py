@@ -2,14 +2,18 @@
 base model, library, pipeline tag, tags) and a body a colleague reads (the method as parts, the held-out
 figures with their intervals, the sample grid and its prompts, how to load the weights, the licence).
 
-Every figure comes from the run folder (``metrics.jsonl``, ``RUN/suites``); nothing is typed in.
+Every figure comes from the run folder (``metrics.jsonl``, ``RUN/suites``); nothing is typed in. The code under
+"Use" runs as written in the exported folder (:mod:`~flowrl.export.usage`); pasted markdown (the suites' tables)
+has its headings moved under the card's own (:func:`demote_headings`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -49,6 +53,18 @@ class CardFacts:
     sample_prompts: tuple[str, ...]  # one row of the grid per prompt, top to bottom
     sample_file: str  # the grid's file name in the folder ("" when no samples were drawn)
     suites: tuple[str, ...] = ()  # markdown tables of RUN/suites comparisons, as flowrl suite compare wrote them
+    checkpoint: str = ""  # the checkpoint's folder name in the run (best, step_000123)
+    loader: str = "diffusers"  # "diffusers": a diffusers pipeline loads the folder; "flowrl": only flowrl does
+    base_ref: str = ""  # what the diffusers code loads the base from: a hub id, or the shipped "base" folder
+    not_diffusers: str = ""  # loader "flowrl": why a diffusers pipeline cannot load these weights (a sentence)
+    torch_dtype: str = ""  # the base's dtype for the diffusers code (float32, bfloat16, float16), "" for none
+    call: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the pipeline call: flowrl's evaluation settings
+    example_prompt: str = "a photo"  # the prompt of the code's example
+
+    @property
+    def initial(self) -> bool:
+        """The weights are the run's initial ones (step 0): no training, or none that beat them."""
+        return self.step == 0
 
 
 def _cell(value: tuple[float, float] | None) -> str:
@@ -82,40 +98,54 @@ def _front_matter(facts: CardFacts) -> list[str]:
     return ["---", *(f"{key}: {json.dumps(value)}" for key, value in matter.items()), "---", ""]
 
 
-def _usage(facts: CardFacts) -> list[str]:
-    base = facts.base if facts.base_is_hub_id else "BASE_FOLDER_OR_HUB_ID"
-    lines = ["## Use", "", "```python", f"from diffusers import {facts.pipeline_class}"]
-    if facts.lora:
-        lines += [f'pipe = {facts.pipeline_class}.from_pretrained("{base}")',
-                  'pipe.load_lora_weights("THIS_FOLDER/lora")']
-    else:
-        lines[-1] = f"from diffusers import {facts.pipeline_class}, {facts.transformer_class}"
-        lines += [f'transformer = {facts.transformer_class}.from_pretrained("THIS_FOLDER", subfolder="transformer")',
-                  f'pipe = {facts.pipeline_class}.from_pretrained("{base}", transformer=transformer)']
-    lines += ["```", ""]
-    if facts.lora:
-        lines += ["`lora_kohya.safetensors` holds the same LoRA in the kohya naming (ComfyUI's `models/loras`)."]
-        if facts.full_weights:
-            lines += ["`transformer/` holds the base's transformer with this LoRA merged in "
-                      f"(`{facts.transformer_class}.from_pretrained(THIS_FOLDER, subfolder=\"transformer\")`)."]
-        lines.append("")
-    lines += ["`recipe.toml` is the resolved recipe the run trained with; `flowrl train recipe.toml` trains it "
-              "again (the same seed gives the same run on the same machine).", ""]
-    return lines
+def demote_headings(markdown: str, top: int) -> str:
+    """``markdown`` with its headings moved down so that its highest becomes level ``top`` (at most 6), their
+    relative levels kept; lines inside fenced code blocks are left alone."""
+    heading = re.compile(r"^(#{1,6})(\s)")
+    lines = markdown.splitlines()
+    fenced, levels = False, []
+    for line in lines:
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (found := heading.match(line)):
+            levels.append(len(found.group(1)))
+    if not levels or min(levels) >= top:
+        return markdown
+    shift, fenced, out = top - min(levels), False, []
+    for line in lines:
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (found := heading.match(line)):
+            line = "#" * min(6, len(found.group(1)) + shift) + line[len(found.group(1)):]
+        out.append(line)
+    return "\n".join(out)
+
+
+def _intro(facts: CardFacts, parts: str, rewards: str) -> str:
+    method = f"from the recipe `{facts.name}`: {parts}; reward {rewards}"
+    logged = f"the run logged {facts.iterations} iterations, {facts.nfe:,} rollout NFE"
+    if facts.initial:
+        which = f"`{facts.checkpoint}`" if facts.checkpoint else "the checkpoint asked for"
+        return (f"**These are the initial weights of the base `{facts.base}`, not fine-tuned ones.** The run trained"
+                f" with flowrl (`pip install flowrl-grpo`) {method}, but {which} is its step 0: no later evaluation"
+                f" improved on the initial policy ({logged}), so this folder holds the base's weights"
+                + (" with the LoRA at its initialisation (no change)" if facts.lora else "") + ".")
+    what = "LoRA adapter" if facts.lora else "fine-tuned transformer"
+    return (f"A {what} for `{facts.base}`, trained by reinforcement learning with flowrl (`pip install flowrl-grpo`)"
+            f" {method}. These are the weights of iteration {facts.step} ({logged}).")
 
 
 def model_card(facts: CardFacts) -> str:
     """The README.md text of an exported folder."""
+    from flowrl.export.usage import usage
+
     parts = ", ".join(f"{kind} `{name}`" for kind, name in facts.parts.items())
     rewards = ", ".join(f"`{name}` (weight {weight:g})" for name, weight in facts.rewards)
-    what = "LoRA adapter" if facts.lora else "fine-tuned transformer"
     lines = [
         *_front_matter(facts),
-        f"# {facts.name}",
+        f"# {facts.name}" + (" (initial weights)" if facts.initial else ""),
         "",
-        f"A {what} for `{facts.base}`, trained by reinforcement learning with flowrl (`pip install flowrl-grpo`) "
-        f"from the recipe `{facts.name}`: {parts}; reward {rewards}. These are the weights of "
-        f"iteration {facts.step} (the run logged {facts.iterations} iterations, {facts.nfe:,} rollout NFE).",
+        _intro(facts, parts, rewards),
         "",
         "## Held-out figures",
         "",
@@ -133,13 +163,13 @@ def model_card(facts: CardFacts) -> str:
         lines += ["The run logged no held-out evaluation (trainer.eval_every and eval_every_nfe were 0).", ""]
     if facts.suites:
         lines += ["## Evaluation suites", "", "As `flowrl suite compare` wrote them for this run:", ""]
-        for table in facts.suites:
-            lines += [table.strip(), ""]
+        for table in facts.suites:  # their own headings go under this section's (H1 -> H3, H2 -> H4)
+            lines += [demote_headings(table.strip(), 3), ""]
     if facts.sample_file:
         lines += ["## Samples", "", f"![samples]({facts.sample_file})", "",
                   "One row per prompt, top to bottom (deterministic ODE samples, seed 0):", ""]
         lines += [f"{i}. {prompt}" for i, prompt in enumerate(facts.sample_prompts, 1)]
         lines.append("")
-    lines += _usage(facts)
+    lines += usage(facts)
     lines += ["## Licence", "", facts.licence_note, ""]
     return "\n".join(lines)

@@ -3,18 +3,29 @@
 The folder is assembled beside ``out`` under a hidden name and renamed into place once complete, so an export
 that fails (a full disk, a model that cannot be merged) leaves nothing half-written; an ``out`` that exists and
 holds files is refused, never overwritten.
+
+What the card's code needs is in the folder or named by a hub id: a base given as a local folder is copied into
+``base/`` (another machine has no such folder), a base named by a hub id (or a folder of the hub cache) is
+named by its id, and flowrl's own models (the embedded world's, the ``tiny_*`` twins) need only flowrl.
+``flowrl_export.json`` (:mod:`~flowrl.export.manifest`) lets flowrl load the folder again, and no file keeps a
+path of this machine (:mod:`~flowrl.export.scrub`).
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from flowrl.errors import UserError
 from flowrl.export.card import CardFacts, Figure, model_card
+from flowrl.export.manifest import BASE_FOLDER, Manifest, is_exported
+from flowrl.export.scrub import hub_id_of_cache_folder, leaks, machine_paths, portable_recipe, scrub_configs
 from flowrl.trainer.runfolder import read_metrics
 
 SAMPLE_PROMPTS = 4  # grid rows when no --prompt is given: the first held-out prompts
@@ -127,26 +138,123 @@ def _write_samples(loaded: Any, staging: Path, prompts: Sequence[str], per_promp
     return "samples.webp"
 
 
+@attrs.frozen
+class Base:
+    """Where the exported weights' base model comes from, for the card, the recipe and the folder."""
+
+    kind: str  # "hub": a hub id; "folder": a local folder, shipped as base/; "flowrl": built or shipped by flowrl
+    ref: str  # the hub id, the local folder, or the backbone's name
+    shown: str  # how the card names it
+
+    @property
+    def recipe_path(self) -> str:
+        """``backbone.path`` in the exported recipe ("" keeps the recipe's)."""
+        return {"hub": self.ref, "folder": BASE_FOLDER}.get(self.kind, "")
+
+
+def base_of(backbone_type: str, config: Any) -> Base:
+    """Classify the run's base from its backbone settings."""
+    path = str(getattr(config, "path", "") or "")
+    if not path:
+        return Base("flowrl", backbone_type, backbone_type)
+    if Path(path).exists():
+        hub = hub_id_of_cache_folder(path)
+        if hub:
+            return Base("hub", hub, hub)
+        return Base("folder", path, Path(path).resolve().name)
+    return Base("hub", path, path) if HUB_ID.match(path) else Base("folder", path, Path(path).name)
+
+
+def _generation_settings(loaded: Any) -> tuple[tuple[str, Any], ...]:
+    """The pipeline call's keyword arguments that give flowrl's evaluation settings, where the call takes them."""
+    import inspect
+
+    params = inspect.signature(type(loaded.backbone.pipe).__call__).parameters
+    c = loaded.backbone.config
+    side = getattr(c, "resolution", None)
+    wanted: dict[str, Any] = {"height": getattr(c, "height", 0) or side, "width": getattr(c, "width", 0) or side,
+                              "num_frames": getattr(c, "num_frames", None),
+                              "num_inference_steps": loaded.recipe.trainer.eval_steps}
+    for field, arg in (("guidance", "guidance_scale"), ("guidance_scale", "guidance_scale"),
+                       ("true_cfg_scale", "true_cfg_scale"), ("negative_prompt", "negative_prompt"),
+                       ("max_sequence_length", "max_sequence_length")):
+        value = getattr(c, field, None)
+        if value is not None and value != "":
+            wanted[arg] = value
+    return tuple((k, v) for k, v in wanted.items() if v is not None and k in params)
+
+
+def _loader(loaded: Any, base: Base) -> tuple[str, str]:
+    """("diffusers", "") where a diffusers pipeline loads the exported weights, else ("flowrl", why not)."""
+    name = loaded.recipe.parts["backbone"].type
+    if not hasattr(type(getattr(loaded.backbone, "pipe", None)), "from_pretrained"):
+        return "flowrl", f"the backbone `{name}` is no diffusers pipeline."
+    if getattr(loaded.backbone, "pixel_space", False):
+        pipeline = type(loaded.backbone.pipe).__name__
+        return "flowrl", (f"`{name}` works on pixels, with no VAE, and a diffusers `{pipeline}` decodes only through"
+                          " one (flowrl packs and unpacks the pixels itself).")
+    if base.kind == "flowrl":
+        return "flowrl", f"`{name}` is built by flowrl's code from the recipe, not loaded from a hub id or a folder."
+    return "diffusers", ""
+
+
+def _copy_base(base: Base, staging: Path) -> None:
+    """The base's folder into ``base/`` (hidden files, such as a download's cache records, left out)."""
+    shutil.copytree(Path(base.ref), staging / BASE_FOLDER, ignore=shutil.ignore_patterns(".*"))
+
+
+def _facts(loaded: Any, run: Path | None, base: Base, source: Path, rows: Sequence[str], sample_file: str,
+           full_weights: bool, licence: tuple[str, str]) -> CardFacts:
+    recipe = loaded.recipe
+    last = read_metrics(run / "metrics.jsonl")[-1] if run is not None and (run / "metrics.jsonl").is_file() else {}
+    loader, why = _loader(loaded, base)
+    held = (loaded.prompts.heldout() or [])[:1]
+    return CardFacts(
+        name=recipe.name, base=base.shown, base_is_hub_id=base.kind == "hub", licence=licence[0],
+        licence_note=licence[1],
+        parts={kind: recipe.parts[kind].type for kind in ("selector", "sampler", "kernel", "advantage", "loss")},
+        rewards=tuple((r.name or r.type, r.weight) for r in recipe.rewards),
+        step=loaded.step, iterations=int(last.get("step", loaded.step)), nfe=int(last.get("nfe", 0)),
+        eval_steps=recipe.trainer.eval_steps, figures=_figures(run, loaded.step),
+        lora=recipe.lora is not None, full_weights=full_weights and recipe.lora is not None,
+        pipeline_class=type(getattr(loaded.backbone, "pipe", None)).__name__,
+        transformer_class=type(loaded.backbone.transformer).__name__,
+        video=sample_file.endswith(".webp") or hasattr(loaded.backbone.config, "num_frames"),
+        sample_prompts=tuple(rows) if sample_file else (), sample_file=sample_file, suites=_suites(run),
+        checkpoint=source.name, loader=loader, base_ref=base.recipe_path, not_diffusers=why,
+        torch_dtype=str(getattr(loaded.backbone.config, "dtype", "") or ""),
+        call=_generation_settings(loaded) if loader == "diffusers" else (),
+        example_prompt=(list(rows) or held or ["a photo"])[0],
+    )
+
+
 def export_checkpoint(
     path: Path, out: Path, checkpoint: str = "last", full_weights: bool = False,
     prompts: Sequence[str] = (), per_prompt: int = 4,
 ) -> Path:
     """Write the hand-on folder of a run's (or a checkpoint folder's) checkpoint into ``out``; returns ``out``.
     ``prompts``: the sample grid's rows (default: the first held-out prompts; none: no grid when
-    ``per_prompt`` is 0)."""
+    ``per_prompt`` is 0). ``full_weights`` on a full fine-tune: nothing to merge, said on stderr."""
     from flowrl.loading import load_policy
 
     path, out = Path(path), Path(out)
     if path.suffix == ".toml":
         raise ExportError(f"{path}: export takes a run or checkpoint folder (a recipe has no trained weights)")
+    if is_exported(path):
+        raise ExportError(f"{path}: already an exported folder; export from the run folder it came from")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"--out {out}: exists and is not empty; choose a new folder (nothing is overwritten)")
     loaded = load_policy(path, checkpoint=checkpoint)
     source = Path(loaded.source)
     run = run_folder_of(source)
     backbone_config = loaded.recipe.parts["backbone"]
-    base = str(getattr(backbone_config.config, "path", "") or backbone_config.type)
-    licence, note = base_licence(backbone_config.type, base)
+    base = base_of(backbone_config.type, backbone_config.config)
+    if full_weights and loaded.recipe.lora is None:
+        print(f"note: --full-weights: {source} is a full fine-tune, so there is no LoRA to merge; transformer/ holds"
+              " its full weights, as for every full fine-tune", file=sys.stderr)
+    licence = base_licence(backbone_config.type, base.ref if base.kind != "flowrl" else "")
+    if base.kind == "folder":  # the card names the folder by its name only
+        licence = (licence[0], licence[1].replace(f"`{base.ref}`", f"`{base.shown}`"))
     rows = list(prompts) or (loaded.prompts.heldout() or [])[:SAMPLE_PROMPTS]
     staging = out.parent / f".{out.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -155,23 +263,21 @@ def export_checkpoint(
         # the samples first: merging a LoRA (--full-weights) changes the loaded transformer in place
         sample_file = _write_samples(loaded, staging, rows, per_prompt) if rows and per_prompt > 0 else ""
         _write_weights(loaded, staging, full_weights)
-        shutil.copyfile(source / "recipe.toml", staging / "recipe.toml")
-        last = read_metrics(run / "metrics.jsonl")[-1] if run is not None and (run / "metrics.jsonl").is_file() else {}
-        recipe = loaded.recipe
-        facts = CardFacts(
-            name=recipe.name, base=base, base_is_hub_id=bool(HUB_ID.match(base)) and not Path(base).exists(),
-            licence=licence, licence_note=note,
-            parts={kind: recipe.parts[kind].type for kind in ("selector", "sampler", "kernel", "advantage", "loss")},
-            rewards=tuple((r.name or r.type, r.weight) for r in recipe.rewards),
-            step=loaded.step, iterations=int(last.get("step", loaded.step)), nfe=int(last.get("nfe", 0)),
-            eval_steps=recipe.trainer.eval_steps, figures=_figures(run, loaded.step),
-            lora=recipe.lora is not None, full_weights=full_weights,
-            pipeline_class=type(getattr(loaded.backbone, "pipe", None)).__name__,
-            transformer_class=type(loaded.backbone.transformer).__name__,
-            video=sample_file.endswith(".webp"), sample_prompts=tuple(rows) if sample_file else (),
-            sample_file=sample_file, suites=_suites(run),
-        )
+        if base.kind == "folder":
+            _copy_base(base, staging)
+        recipe_text = (source / "recipe.toml").read_text(encoding="utf-8")
+        (staging / "recipe.toml").write_text(portable_recipe(recipe_text, base.recipe_path, Path.cwd()),
+                                             encoding="utf-8")
+        facts = _facts(loaded, run, base, source, rows, sample_file, full_weights, licence)
         (staging / "README.md").write_text(model_card(facts), encoding="utf-8")
+        manifest = Manifest(step=loaded.step, checkpoint=source.name,
+                            weights="lora" if loaded.recipe.lora is not None else "transformer",
+                            base=BASE_FOLDER if base.kind == "folder" else "")
+        (staging / "flowrl_export.json").write_text(manifest.to_json(), encoding="utf-8")
+        scrub_configs(staging)
+        local = machine_paths(run, source, Path(base.ref) if base.kind == "folder" else None, out.parent)
+        for file, found in leaks(staging, local):  # said, not silent: a path the scrub does not know
+            print(f"note: {out / file.relative_to(staging)} names the local path {found}", file=sys.stderr)
         if out.exists():
             out.rmdir()  # empty (checked above)
         staging.rename(out)

@@ -179,12 +179,23 @@ def checkpoint_step(folder: Path) -> int:
     return int(folder.name.split("_")[1])
 
 
-def find_checkpoint(path: Path, which: str = "last") -> Path:
+def find_checkpoint(path: Path, which: str = "last", exported: bool = True) -> Path:
     """A checkpoint folder as given, or one of a run folder: ``which`` is ``"last"`` (the newest),
-    ``"best"`` (``checkpoints/best``) or a step number."""
+    ``"best"`` (``checkpoints/best``) or a step number. A folder written by ``flowrl export`` is returned as
+    given, as a checkpoint folder is (``exported=False``, for a resume: refused, as it has no trainer state)."""
+    from flowrl.export.manifest import read_manifest
+
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such run or checkpoint folder; check the path")
+    manifest = read_manifest(path) if path.is_dir() else None
+    if manifest is not None:
+        if not exported:
+            raise CheckpointError(exported_refusal(path))
+        if which != "last":  # one checkpoint only, as a checkpoint folder
+            raise CheckpointError(f"{path} is an exported folder (flowrl export) of one checkpoint (step"
+                                  f" {manifest.step}), so checkpoint '{which}' cannot be chosen in it; drop the choice")
+        return path
     recover(path / "checkpoints")
     if (path / STATE).exists():
         if which != "last":  # a choice among a run's checkpoints: refused, not ignored, for a checkpoint itself
@@ -214,9 +225,20 @@ def find_checkpoint(path: Path, which: str = "last") -> Path:
     return found[-1]
 
 
+def exported_refusal(folder: Path) -> str:
+    """Why an exported folder cannot be resumed from, and what to give instead."""
+    return (f"{folder} is an exported folder (flowrl export): it holds the weights, not the optimizer and trainer"
+            " state a resume needs; resume from the run folder it was exported from")
+
+
 def load_checkpoint(folder: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Any]]:
-    """(weights, state, extra) of a checkpoint folder; :class:`CheckpointError` when unreadable."""
+    """(weights, state, extra) of a checkpoint folder; :class:`CheckpointError` when unreadable (or when it is a
+    folder written by ``flowrl export``, which :func:`flowrl.loading.load_policy` reads instead)."""
+    from flowrl.export.manifest import is_exported
+
     folder = Path(folder)
+    if is_exported(folder):
+        raise CheckpointError(exported_refusal(folder))
     name = WEIGHTS
     try:
         weights = load_file(str(folder / WEIGHTS))
