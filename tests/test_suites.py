@@ -411,8 +411,8 @@ def failing_detector(images: torch.Tensor, items: list) -> list:
 
 def test_data_fetch_refuses_an_unknown_set(capsys: pytest.CaptureFixture) -> None:
     assert main(["data", "fetch", "imagenet"]) == 2
-    assert "expected one of geneval, geneval2, partiprompts, hpsv2, drawbench, got 'imagenet'" in \
-        capsys.readouterr().err
+    assert ("expected one of geneval, geneval2, partiprompts, hpsv2, drawbench, dpgbench, t2icompbench, unigenbench,"
+            " unigenbench-judge, got 'imagenet'") in capsys.readouterr().err
 
 
 def test_a_lora_trained_elsewhere_is_a_column(tmp_path: Path) -> None:
