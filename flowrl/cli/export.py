@@ -13,8 +13,10 @@ CHECKPOINT_HELP = "which checkpoint of a run folder: last (default), best, or a 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Write one checkpoint as a folder a colleague or a model hub can take: the diffusers LoRA folder and the"
-        " kohya file (a LoRA run) or the trained transformer, the resolved recipe, a sample grid and a model card"
-        " (README.md) with the run's held-out figures and their intervals."
+        " kohya file (a LoRA run) or the trained transformer, the base pipeline when the run read it from a local"
+        " folder (base/), the resolved recipe without this machine's paths, a sample grid and a model card"
+        " (README.md) with the run's held-out figures and code that loads the folder. flowrl sample and flowrl"
+        " eval take the folder as they take a checkpoint."
     )
     parser.add_argument("run", type=ExistingPath("folder", "run or checkpoint folder"), metavar="RUN",
                         help="a run folder or one checkpoint folder")
@@ -22,7 +24,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the folder to write (new, or empty)")
     parser.add_argument("--checkpoint", type=Checkpoint(), default="last", help=CHECKPOINT_HELP)
     parser.add_argument("--full-weights", action="store_true",
-                        help="a LoRA run: also write the transformer with the LoRA merged in (transformer/)")
+                        help="a LoRA run: also write the transformer with the LoRA merged in (transformer/); a full"
+                        " fine-tune has nothing to merge (said on stderr; its transformer/ is written anyway)")
     parser.add_argument("--prompt", action="append", default=[], type=Text(), metavar="TEXT",
                         help="a row of the sample grid (repeatable; default: the first 4 held-out prompts)")
     parser.add_argument("--per-prompt", type=Whole(0), default=4, metavar="N",

@@ -90,3 +90,12 @@ def transformer_weights(folder: Path) -> dict[str, Any]:
         except Exception as error:  # truncated or corrupt files raise many types
             raise ExportedFolderError(f"{file}: truncated or corrupt ({type(error).__name__}: {error})") from None
     return weights
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The files holding a checkpoint's trained weights: ``weights.safetensors`` of a checkpoint folder, the
+    ``.safetensors`` files of an exported folder's ``lora/`` or ``transformer/`` (what a hash of the weights reads)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return [Path(folder) / "weights.safetensors"]
+    return sorted((Path(folder) / manifest.weights).rglob("*.safetensors"))

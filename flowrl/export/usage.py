@@ -57,7 +57,8 @@ def flowrl_commands(facts: CardFacts) -> list[str]:
 
 def usage(facts: CardFacts) -> list[str]:
     """The card's "Use" section."""
-    lines = ["## Use", ""]
+    lines = ["## Use", "", "The code below runs as written in a copy of this folder (from a hub repository:"
+             " `hf download OWNER/NAME --local-dir DIR`, then in `DIR`).", ""]
     if facts.loader == "diffusers":
         where = (f"the base `{facts.base_ref}` comes from the Hugging Face hub" if facts.base_ref != "base"
                  else "the base pipeline is in `base/`")
@@ -73,7 +74,7 @@ def usage(facts: CardFacts) -> list[str]:
         lines += ["With flowrl, in this folder (the same samples and figures as the run's own checkpoint):", ""]
     else:
         lines += [f"**These weights load only through flowrl**, not with a plain diffusers pipeline: "
-                  f"{facts.not_diffusers} In this folder:", ""]
+                  f"{facts.not_diffusers} With flowrl:", ""]
     lines += [*flowrl_commands(facts), ""]
     if facts.lora and facts.loader != "diffusers":
         lines += ["`lora/` and `lora_kohya.safetensors` hold the LoRA in the diffusers and kohya namings, for tools"
