@@ -26,14 +26,19 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 
+from flowrl.errors import UserError
+
 DPG_BLOB = "98457fc9901943f51ff9a30367250fc292533bed"  # git's blob id of dpg_bench.csv at the pinned commit
 UNIGEN_KEYS = {"en": ("Testpoints", "Testpoint Description"), "zh": ("考点", "考点对应描述")}
 Records = list[dict[str, Any]]
 
 
-def _refuse(message: str) -> Exception:
-    from flowrl.suites.data import FetchError
+class FetchError(UserError, OSError):
+    """A prompt set that could not be fetched, or did not match its pinned checksum (flowrl.suites.data's error:
+    it lives here, where the fetched files are checked and converted, so that data imports converters only)."""
 
+
+def _refuse(message: str) -> Exception:
     return FetchError(message)
 
 

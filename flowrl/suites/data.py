@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from flowrl.errors import UserError
-from flowrl.suites.converters import CONVERTERS
+from flowrl.suites.converters import CONVERTERS, FetchError
 
 RAW = "https://raw.githubusercontent.com"
 T2I = f"{RAW}/Karine-Huang/T2I-CompBench/1b7094991a57f3c22abdd4f6e8ba6c1a15517073/examples/dataset"
@@ -99,10 +99,6 @@ def fetched(name: str) -> Path:
     raise PromptSetError(f"the {name} prompts are not in {path.parent}: fetch them on a networked machine with "
                          f"`flowrl data fetch {name}` (then copy that folder here, or set FLOWRL_DATA), or give "
                          "a prompt file of your own (--set prompts=FILE)")
-
-
-class FetchError(UserError, OSError):
-    """A prompt set that could not be fetched, or did not match its pinned checksum."""
 
 
 def _download(url: str) -> bytes:
