@@ -219,7 +219,7 @@ def plot(result: dict[str, Any], path: Path) -> list[Path]:
         head = table.get("primary", "")
         rows = [r for r in table["rows"] if r.get("headline") or r["figure"].startswith(head + "/")
                 or (r["figure"].split("/")[0] == table.get("headline", {}).get("of") and "/" in r["figure"])][:12]
-        labels = ["all" if "/" not in r["figure"] else r["figure"].split("/", 1)[1] for r in rows]
+        labels = [r["figure"] if "/" not in r["figure"] else r["figure"].split("/", 1)[1] for r in rows]
         count = len(table["tags"])
         width = 0.8 / count
         for i, tag in enumerate(table["tags"]):
@@ -244,7 +244,8 @@ def plot(result: dict[str, Any], path: Path) -> list[Path]:
             right.text(0.5, 0.5, "one column: no difference to draw", ha="center", va="center", fontsize=8)
         group = "comparable" if table.get("comparable", table.get("pinned")) else "not comparable"
         left.set_title(f"{result['suite']} ({group}): {head}, 95% intervals", fontsize=9)
-        left.set_ylabel(head)
+        of = table.get("headline", {}).get("of", head)
+        left.set_ylabel(head if of == head else f"{head}; per category: {of}")
         right.set_title("paired difference from the first column, 95% t interval", fontsize=9)
         right.set_ylabel(f"Δ {head}")
     fig.tight_layout()
