@@ -167,11 +167,12 @@ def test_sample_and_eval_take_an_exported_folder_as_they_take_the_run(
     exported_png, exported_figures = _outputs(tmp_path / "moved", tmp_path, capsys)
     assert figures["step"] == 1 and exported_figures == figures
     assert exported_png == png
-    refused = [["eval", str(tmp_path / "moved"), "--checkpoint", "best"]]
+    refused = [["eval", str(tmp_path / "moved"), "--checkpoint", "best"],
+               ["export", str(tmp_path / "moved"), "--out", str(tmp_path / "again")]]
     if not lora:  # no optimizer or trainer state to resume from: refused in one line
         recipe = str(run / "checkpoints" / "step_000001" / "recipe.toml")
         refused.append(["train", recipe, "--resume", str(tmp_path / "moved"), "--output-dir", str(tmp_path / "r")])
     for command in refused:
         assert flowrl(command) == 2
         err = capsys.readouterr().err
-        assert "is an exported folder (flowrl export)" in err and len(err.strip().splitlines()) == 1, err
+        assert "exported folder" in err and len(err.strip().splitlines()) == 1, err

@@ -253,8 +253,10 @@ def export_checkpoint(
         print(f"note: --full-weights: {source} is a full fine-tune, so there is no LoRA to merge; transformer/ holds"
               " its full weights, as for every full fine-tune", file=sys.stderr)
     licence = base_licence(backbone_config.type, base.ref if base.kind != "flowrl" else "")
-    if base.kind == "folder":  # the card names the folder by its name only
-        licence = (licence[0], licence[1].replace(f"`{base.ref}`", f"`{base.shown}`"))
+    if base.kind == "folder":  # the card names the folder by its name only; the copy is said (it may not be
+        licence = (licence[0], licence[1].replace(f"`{base.ref}`", f"`{base.shown}`"))  # the user's to share)
+        print(f"note: base/ holds a copy of the local base {base.shown} (licence: {licence[0]}), which the card's"
+              " code loads; its licence decides whether the folder may be shared", file=sys.stderr)
     rows = list(prompts) or (loaded.prompts.heldout() or [])[:SAMPLE_PROMPTS]
     staging = out.parent / f".{out.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
