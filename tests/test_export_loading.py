@@ -161,6 +161,15 @@ def test_sample_and_eval_take_an_exported_folder_as_they_take_the_run(
     out = tmp_path / "out"
     assert flowrl(["export", str(run), "--out", str(out), "--per-prompt", "0", "--full-weights"]) == 0
     png, figures = _outputs(run, tmp_path, capsys)
+    suites, prompts = tmp_path / "suites", tmp_path / "prompts.txt"  # a suite column of the folder equals the run's
+    prompts.write_text("a red circle\ntwo blue squares\n")
+    assert flowrl(["suite", "run", "drawbench", str(run), str(out), "--tag", "run", "--tag", "export",
+                   "--out", str(suites), "--quiet", "--set", f"prompts={str(prompts)!r}", "--set",
+                   'scorers=[{type="jpeg_compressibility"}]', "--protocol", "steps=2"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    made = [sorted((suites / tag / "drawbench" / "images").iterdir()) for tag in ("run", "export")]
+    assert [p.name for p in made[0]] == [p.name for p in made[1]] and made[0]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(*made, strict=True))
     shutil.move(out, tmp_path / "moved")  # the folder opens wherever it is
     if lora:
         shutil.rmtree(tmp_path / "model")  # and needs no file outside it

@@ -27,7 +27,7 @@ def train(args: argparse.Namespace) -> int:
     own: list[str] = []
     if args.resume:  # fail before any folder is created or written, and before any model loads
         try:
-            checkpoint = find_checkpoint(Path(args.resume))
+            checkpoint = find_checkpoint(Path(args.resume), exported=False)  # an export has no trainer state
         except CheckpointError as error:
             raise CheckpointError(f"--resume {error}") from None
         from flowrl.trainer.lora import own_lora

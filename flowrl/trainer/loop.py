@@ -59,7 +59,7 @@ class Trainer:
     def __init__(self, recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> None:
         from accelerate import Accelerator
 
-        checkpoint = find_checkpoint(resume) if resume is not None else None
+        checkpoint = find_checkpoint(resume, exported=False) if resume is not None else None
         changes = check_resume(checkpoint, recipe) if checkpoint is not None else []  # before anything loads
         self.recipe, self.cfg, self.run_dir, self.quiet = recipe, recipe.trainer, Path(run_dir), quiet
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=self.cfg.mixed_precision)
