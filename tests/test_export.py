@@ -268,3 +268,23 @@ def test_best_at_step_0_is_called_the_initial_weights(tmp_path: Path) -> None:
     assert "# tiny (initial weights)" in card
     assert "**These are the initial weights of the base `tiny_flux`, not fine-tuned ones.**" in card
     assert "`best` is its step 0: no later evaluation improved on the initial policy" in card
+
+
+def test_a_full_disk_during_an_export_is_one_line_and_leaves_nothing(
+    lora_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch and safetensors writers name no cause: the disk is named when it is all but full (here, by the
+    error's own errno), the staging folder is gone, and --out is not made."""
+    import errno
+
+    from flowrl.export import folder
+
+    def full(loaded: Any, staging: Path, full_weights: bool) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(staging / "lora"))
+
+    monkeypatch.setattr(folder, "_write_weights", full)
+    out = tmp_path / "out"
+    assert flowrl(["export", str(lora_run), "--out", str(out), "--per-prompt", "0"]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("note:")]
+    assert len(err) == 1 and "the disk is full" in err[0] and "export again" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither out nor .out.partial

@@ -46,8 +46,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.push_to_hub is not None:
         ready(args.push_to_hub, Path(args.out))  # the id, offline mode and the token, before the model loads
-    out = export_checkpoint(Path(args.run), Path(args.out), args.checkpoint, args.full_weights, args.prompt,
-                            args.per_prompt)
+    from flowrl.trainer.writes import refused_writes
+
+    with refused_writes(Path(args.out), "free space or choose another --out, then export again"):
+        out = export_checkpoint(Path(args.run), Path(args.out), args.checkpoint, args.full_weights, args.prompt,
+                                args.per_prompt)
     print(f"wrote {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
     if args.push_to_hub is not None:
         print(f"uploading {out} to {args.push_to_hub} ...", file=sys.stderr)
