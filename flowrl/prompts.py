@@ -41,17 +41,22 @@ class PromptList(PromptSource):
         return list(self.config.heldout)
 
 
-def read_prompt_file(path: str, key: str = "prompts.path") -> list[str]:
-    """Non-empty stripped lines of a UTF-8 text file; :class:`PromptFileError` names the file and key otherwise."""
-    where = f"[{key}] prompt file {path}"
+def _read_text(path: str, where: str) -> str:
+    """A prompt file's text (UTF-8, a byte-order mark dropped); :class:`PromptFileError` starting with ``where``."""
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
+        return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise PromptFileError(f"{where}: no such file (a relative path starts at the working directory)") from None
     except UnicodeDecodeError as error:
         raise PromptFileError(f"{where}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
     except OSError as error:
         raise PromptFileError(f"{where}: cannot read ({error.strerror or error})") from None
+
+
+def read_prompt_file(path: str, key: str = "prompts.path") -> list[str]:
+    """Non-empty stripped lines of a UTF-8 text file; :class:`PromptFileError` names the file and key otherwise."""
+    where = f"[{key}] prompt file {path}"
+    text = _read_text(path, where)
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise PromptFileError(f"{where}: no prompts (the file is empty); write one prompt per line")
@@ -83,14 +88,7 @@ def _jsonl_records(path: str, key: str) -> list[tuple[str, str]]:
     """The records of a JSONL prompt file (see :class:`PromptJsonl`) as (where, prompt), each image checked; every
     problem is a :class:`PromptFileError` naming the file, the record and its line."""
     where = f"[{key}] prompt file {path}"
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise PromptFileError(f"{where}: no such file (a relative path starts at the working directory)") from None
-    except UnicodeDecodeError as error:
-        raise PromptFileError(f"{where}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
-    except OSError as error:
-        raise PromptFileError(f"{where}: cannot read ({error.strerror or error})") from None
+    text = _read_text(path, where)
     folder = Path(path).parent
     prompts: list[tuple[str, str]] = []
     for line_no, line in enumerate(text.splitlines(), 1):
