@@ -9,7 +9,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -304,6 +304,14 @@ class RewardModel(Component, ABC):
     def check(self) -> None:
         """Fail early (before any model loads) when weights or extras are missing."""
 
+    @classmethod
+    def needs_conditions(cls, config: Any) -> bool:
+        """Whether this reward reads each prompt's condition images (flowrl.conditions) and cannot score without
+        them: an edit reward compares the result with its source. False by default: a text-only reward scores the
+        result alone, on any task, an edit task included. Asked of the class and its config, before anything is
+        built; ``flowrl validate`` and ``flowrl train`` refuse a reward that needs them on prompts without any."""
+        return False
+
     @abstractmethod
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
         """Scores ``(B,)`` for images ``(B, 3, H, W)`` in [0, 1]."""
@@ -403,6 +411,13 @@ class PromptSource(Component, ABC):
     def heldout(self) -> list[str]:
         """Evaluation prompts (defaults to none)."""
         return []
+
+    @classmethod
+    def gives_conditions(cls, config: Any) -> Literal["all", "none", "some"] | None:
+        """Whether the prompts this source gives carry condition images: ``"all"`` (an edit task), ``"none"`` (a
+        text-to-image task), ``"some"``, or None when only the built source can tell (the default: its
+        :meth:`condition_records` are looked at). Asked of the class and its config, before anything is built."""
+        return None
 
     def condition_records(self) -> Iterable[tuple[str, str]]:
         """The prompts whose condition images (flowrl.conditions) are held to what the backbone takes before it

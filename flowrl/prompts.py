@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import attrs
 import torch
@@ -33,6 +34,10 @@ class PromptList(PromptSource):
     class Config:
         prompts: tuple[str, ...] = attrs.field(validator=attrs.validators.min_len(1))
         heldout: tuple[str, ...] = ()
+
+    @classmethod
+    def gives_conditions(cls, config: Config) -> Literal["none"]:
+        return "none"
 
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
         return _draw(list(self.config.prompts), n, generator)
@@ -76,6 +81,10 @@ class PromptFile(PromptSource):
         super().__init__(config)
         self.prompts = read_prompt_file(config.path)
         self._heldout = read_prompt_file(config.heldout_path, "prompts.heldout_path") if config.heldout_path else []
+
+    @classmethod
+    def gives_conditions(cls, config: Config) -> Literal["none"]:
+        return "none"
 
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
         return _draw(self.prompts, n, generator)

@@ -406,6 +406,15 @@ CASES = [
         keep=("prompts.jsonl", "sources/0.png"),
         absent=("run/metrics.jsonl",),
     ),
+    recipe_case(
+        "edit-reward-on-text-prompts",
+        '`[[reward]] type = "world_edit_verifier"` (reads each prompt\'s source image) with text-only prompts',
+        lambda d: d.update(reward=[{"type": "world_edit_verifier"}]),
+        "[reward] 'world_edit_verifier' needs each prompt's condition images (it scores the result against them),"
+        " but [prompts] type = 'list' gives prompts without any (a text-to-image task); use prompts with condition"
+        " images (an edit task) or a reward that scores the result alone",
+        "[reward]",
+    ),
     # checkpoints: flowrl eval
     Case(
         "eval-missing",

@@ -55,6 +55,7 @@ def train(args: argparse.Namespace) -> int:
 
 def validate(args: argparse.Namespace) -> int:
     from flowrl.backbones.lora.targets import lora_target_problems
+    from flowrl.conditions import reward_condition_problems
     from flowrl.rewards.remote import server_problems
     from flowrl.trainer.trackers import tracker_problems
 
@@ -64,6 +65,7 @@ def validate(args: argparse.Namespace) -> int:
             recipe = load_recipe(path, args.set)
             problems = list(lora_target_problems(recipe))  # what building the model would refuse, without weights
             problems += server_problems(recipe)  # a served reward's server must answer
+            problems += reward_condition_problems(recipe)  # a reward that reads the source needs prompts with one
             problems += tracker_problems(recipe.trainer.loggers)  # a tracker's package must be there
             if problems:
                 raise RecipeError(recipe.source, problems)

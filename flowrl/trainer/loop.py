@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from flowrl.conditions import check_source
+from flowrl.conditions import check_reward_conditions, check_source
 from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import generator
@@ -75,6 +75,7 @@ class Trainer:
         check_trackers(self.cfg.loggers)
         self.prompts = recipe.build("prompts")
         check_source(self.prompts, recipe.parts["backbone"])  # its condition images suit the base, before it loads
+        check_reward_conditions(recipe, self.prompts)  # a reward that reads the source gets prompts with one
         self.selector = recipe.build("selector")
         self.sampler = overlapped(recipe.build("sampler"), self.rewards, self.cfg.overlap_chunks)  # trainer.overlap
         self.estimator = recipe.build("advantage")

@@ -40,6 +40,10 @@ class WorldPrompts(PromptSource):
         scenes = balanced_scenes(config.eval_split, config.eval_count, config.eval_seed, config.kinds)
         self._heldout = [s.text for s in scenes]
 
+    @classmethod
+    def gives_conditions(cls, config: Config) -> Literal["none"]:
+        return "none"
+
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
         index = torch.randint(len(self.train), (n,), generator=generator)
         return [self.train[int(i)] for i in index]

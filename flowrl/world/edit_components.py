@@ -46,6 +46,10 @@ class WorldEditPrompts(PromptSource):
         self._heldout = [_prompt(e, render_edit(e, r)[0]) for e, r in zip(edits, rng, strict=True)]
         self._drawn: dict[int, str] = {}
 
+    @classmethod
+    def gives_conditions(cls, config: Config) -> Literal["all"]:
+        return "all"
+
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
         index = torch.randint(len(self.train) * self.config.layouts, (n,), generator=generator)
         return [self._training(int(i)) for i in index]
@@ -77,6 +81,10 @@ class WorldEditVerifier(RewardModel):
     @attrs.frozen
     class Config:
         strict: bool = False  # 1 only when every constraint is met and nothing is extra
+
+    @classmethod
+    def needs_conditions(cls, config: Config) -> bool:
+        return True  # the source image: what the result must follow from and preserve
 
     def _verdicts(self, images: Tensor, prompts: list[str]) -> list:
         sources = []
