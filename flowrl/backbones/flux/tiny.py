@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 from attrs.validators import ge, gt
 
-from flowrl.backbones.common.checks import spec_problems
 from flowrl.backbones.common.settings import DType
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
+from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.flux.adapter import FluxAdapter
 from flowrl.choices import one_of
 from flowrl.registry import register
@@ -182,7 +182,7 @@ def load_tiny_flux(folder: str | Path, **kwargs: object) -> Any:
 
 
 @register("backbone", "tiny_flux")
-class TinyFlux(FluxAdapter):
+class TinyFlux(TwinBackbone, FluxAdapter):
     """A tiny random-weight FluxPipeline (real diffusers classes, built locally, no download)."""
 
     @attrs.frozen
@@ -200,6 +200,9 @@ class TinyFlux(FluxAdapter):
         guidance: float = 3.5
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    build_transformer = staticmethod(_transformer)
+    build_pipeline = staticmethod(tiny_flux_pipeline)
+
     @staticmethod
     def spec(c: Any) -> TinyFluxSpec:
         return TinyFluxSpec(
@@ -213,17 +216,3 @@ class TinyFlux(FluxAdapter):
             axes_dims_rope=c.axes_dims_rope,
             max_length=c.max_sequence_length,
         )
-
-    @staticmethod
-    def check_config(config: Config) -> list[tuple[str, str]]:
-        return spec_problems(TinyFlux.spec, config)
-
-    @staticmethod
-    def transformer_on_meta(config: Config) -> Any:
-        """The transformer without weights (flowrl.backbones.lora.targets)."""
-        from flowrl.backbones.lora.targets import on_meta
-
-        return on_meta(lambda: _transformer(TinyFlux.spec(config)))
-
-    def load_pipeline(self) -> Any:
-        return tiny_flux_pipeline(self.spec(self.config), seed=self.config.seed)

@@ -31,9 +31,9 @@ import attrs
 import torch
 from attrs.validators import ge, gt, in_
 
-from flowrl.backbones.common.checks import spec_problems
 from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
+from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.flux2.adapter import BASE_TARGETS, Flux2Adapter, single_block_outputs
 from flowrl.choices import one_of
 from flowrl.registry import register
@@ -206,7 +206,7 @@ def save_tiny_flux2(spec: TinyFlux2Spec, folder: str | Path, words: Sequence[str
 
 
 @register("backbone", "tiny_flux2")
-class TinyFlux2(Flux2Adapter):
+class TinyFlux2(TwinBackbone, Flux2Adapter):
     """A tiny random-weight FLUX.2 pipeline (klein, klein-base or dev; real diffusers classes, built locally)."""
 
     lora_targets = BASE_TARGETS + single_block_outputs(2)  # the default config's two single blocks
@@ -232,6 +232,9 @@ class TinyFlux2(Flux2Adapter):
         grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    build_transformer = staticmethod(_transformer)
+    build_pipeline = staticmethod(tiny_flux2_pipeline)
+
     @staticmethod
     def spec(c: Any) -> TinyFlux2Spec:
         if c.attention_head_dim % 8:
@@ -249,17 +252,3 @@ class TinyFlux2(Flux2Adapter):
             axes_dims_rope=(quarter, quarter, quarter, quarter),
             max_length=c.max_sequence_length,
         )
-
-    @staticmethod
-    def check_config(config: Config) -> list[tuple[str, str]]:
-        return spec_problems(TinyFlux2.spec, config)
-
-    @staticmethod
-    def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.lora.targets)."""
-        from flowrl.backbones.lora.targets import on_meta
-
-        return on_meta(lambda: _transformer(TinyFlux2.spec(config)))
-
-    def load_pipeline(self) -> Any:
-        return tiny_flux2_pipeline(self.spec(self.config), seed=self.config.seed)

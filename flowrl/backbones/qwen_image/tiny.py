@@ -25,9 +25,9 @@ from typing import Any
 import attrs
 from attrs.validators import ge, gt
 
-from flowrl.backbones.common.checks import spec_problems
 from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
+from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.qwen_image.adapter import QwenImageAdapter, config_problems
 from flowrl.choices import one_of
 from flowrl.registry import register
@@ -174,7 +174,7 @@ def save_tiny_qwen_image(
 
 
 @register("backbone", "tiny_qwen_image")
-class TinyQwenImage(QwenImageAdapter):
+class TinyQwenImage(TwinBackbone, QwenImageAdapter):
     """A tiny random-weight QwenImagePipeline (real diffusers and transformers classes, built locally)."""
 
     @attrs.frozen
@@ -191,6 +191,9 @@ class TinyQwenImage(QwenImageAdapter):
         grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    build_transformer = staticmethod(_transformer)
+    build_pipeline = staticmethod(tiny_qwen_image_pipeline)
+
     @staticmethod
     def spec(c: Any) -> TinyQwenImageSpec:
         return TinyQwenImageSpec(
@@ -201,16 +204,6 @@ class TinyQwenImage(QwenImageAdapter):
             axes_dims_rope=c.axes_dims_rope,
         )
 
-    @staticmethod
-    def check_config(config: Config) -> list[tuple[str, str]]:
-        return [*spec_problems(TinyQwenImage.spec, config), *config_problems(config)]
-
-    @staticmethod
-    def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.lora.targets)."""
-        from flowrl.backbones.lora.targets import on_meta
-
-        return on_meta(lambda: _transformer(TinyQwenImage.spec(config)))
-
-    def load_pipeline(self) -> Any:
-        return tiny_qwen_image_pipeline(self.spec(self.config), seed=self.config.seed)
+    @classmethod
+    def check_config(cls, config: Config) -> list[tuple[str, str]]:
+        return [*super().check_config(config), *config_problems(config)]

@@ -22,9 +22,9 @@ from typing import Any
 import attrs
 from attrs.validators import ge, gt
 
-from flowrl.backbones.common.checks import spec_problems
 from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
+from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.sd3.adapter import SD3Adapter
 from flowrl.choices import one_of
 from flowrl.registry import register
@@ -135,7 +135,7 @@ def save_tiny_sd3(spec: TinySD3Spec, folder: str | Path, words: Sequence[str] | 
 
 
 @register("backbone", "tiny_sd3")
-class TinySD3(SD3Adapter):
+class TinySD3(TwinBackbone, SD3Adapter):
     """A tiny random-weight StableDiffusion3Pipeline (real diffusers classes, built locally, no download)."""
 
     @attrs.frozen
@@ -151,6 +151,9 @@ class TinySD3(SD3Adapter):
         grid: SigmaGrid = attrs.field(default="uniform", validator=one_of(SigmaGrid))  # sigma grid
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    build_transformer = staticmethod(_transformer)
+    build_pipeline = staticmethod(tiny_sd3_pipeline)
+
     @staticmethod
     def spec(c: Config) -> TinySD3Spec:
         return TinySD3Spec(
@@ -160,17 +163,3 @@ class TinySD3(SD3Adapter):
             num_attention_heads=c.num_attention_heads,
             max_length=c.max_sequence_length,
         )
-
-    @staticmethod
-    def check_config(config: Config) -> list[tuple[str, str]]:
-        return spec_problems(TinySD3.spec, config)
-
-    @staticmethod
-    def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.lora.targets)."""
-        from flowrl.backbones.lora.targets import on_meta
-
-        return on_meta(lambda: _transformer(TinySD3.spec(config)))
-
-    def load_pipeline(self) -> Any:
-        return tiny_sd3_pipeline(self.spec(self.config), seed=self.config.seed)

@@ -22,9 +22,9 @@ from typing import Any
 import attrs
 from attrs.validators import ge, gt
 
-from flowrl.backbones.common.checks import spec_problems
 from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, t5_settings
+from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.wan.adapter import TEMPORAL, WanAdapter, frame_problems
 from flowrl.choices import one_of
 from flowrl.registry import register
@@ -130,7 +130,7 @@ def save_tiny_wan(spec: TinyWanSpec, folder: str | Path, words: Sequence[str] | 
 
 
 @register("backbone", "tiny_wan")
-class TinyWan(WanAdapter):
+class TinyWan(TwinBackbone, WanAdapter):
     """A tiny random-weight WanPipeline (real diffusers classes, built locally, no download): video latents
     ``(4, (num_frames - 1) / 4 + 1, H / 4, W / 4)``, CFG with a frozen negative branch."""
 
@@ -150,6 +150,9 @@ class TinyWan(WanAdapter):
         grid: SigmaGrid = attrs.field(default="uniform", validator=one_of(SigmaGrid))  # sigma grid
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    build_transformer = staticmethod(_transformer)
+    build_pipeline = staticmethod(tiny_wan_pipeline)
+
     @staticmethod
     def spec(c: Config) -> TinyWanSpec:
         return TinyWanSpec(
@@ -161,24 +164,14 @@ class TinyWan(WanAdapter):
             max_length=c.max_sequence_length,
         )
 
-    @staticmethod
-    def check_config(config: Config) -> list[tuple[str, str]]:
+    @classmethod
+    def check_config(cls, config: Config) -> list[tuple[str, str]]:
         problems = frame_problems(config)
         most = TEMPORAL * (TinyWanSpec().rope_max_seq_len - 1) + 1  # latent frames the rotary table covers
         if config.num_frames > most:
             problems.append(("num_frames", f"num_frames {config.num_frames} must be at most {most} for tiny_wan"))
-        for key, message in spec_problems(TinyWan.spec, config):
+        for key, message in super().check_config(config):
             if key in ("height", "width") and not getattr(config, key):
                 key = "resolution"  # the side came from resolution
             problems.append((key, message))
         return problems
-
-    @staticmethod
-    def transformer_on_meta(config: Any) -> Any:
-        """The transformer without weights (flowrl.backbones.lora.targets)."""
-        from flowrl.backbones.lora.targets import on_meta
-
-        return on_meta(lambda: _transformer(TinyWan.spec(config)))
-
-    def load_pipeline(self) -> Any:
-        return tiny_wan_pipeline(self.spec(self.config), seed=self.config.seed)
