@@ -200,19 +200,6 @@ class TinyFlux(TwinBackbone, FluxAdapter):
         guidance: float = 3.5
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    spec_type = TinyFluxSpec
     build_transformer = staticmethod(_transformer)
     build_pipeline = staticmethod(tiny_flux_pipeline)
-
-    @staticmethod
-    def spec(c: Any) -> TinyFluxSpec:
-        return TinyFluxSpec(
-            image_size=c.resolution,
-            pixel_space=c.pixel_space,
-            patch=c.patch,
-            num_layers=c.num_layers,
-            num_single_layers=c.num_single_layers,
-            attention_head_dim=c.attention_head_dim,
-            num_attention_heads=c.num_attention_heads,
-            axes_dims_rope=c.axes_dims_rope,
-            max_length=c.max_sequence_length,
-        )

@@ -232,23 +232,14 @@ class TinyFlux2(TwinBackbone, Flux2Adapter):
         grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    spec_type = TinyFlux2Spec
     build_transformer = staticmethod(_transformer)
     build_pipeline = staticmethod(tiny_flux2_pipeline)
 
     @staticmethod
-    def spec(c: Any) -> TinyFlux2Spec:
+    def spec_fields(c: Any) -> dict[str, Any]:
         if c.attention_head_dim % 8:
             raise ValueError(f"attention_head_dim {c.attention_head_dim} must be a multiple of 8 (four even rope axes)")
         quarter = int(c.attention_head_dim) // 4
-        return TinyFlux2Spec(
-            variant=c.variant,
-            distilled=c.distilled,
-            image_size=c.resolution,
-            num_layers=c.num_layers,
-            num_single_layers=c.num_single_layers,
-            attention_head_dim=c.attention_head_dim,
-            num_attention_heads=c.num_attention_heads,
-            # FLUX.2's rotary split: four equal parts of the head (32 each for the real 128-wide heads)
-            axes_dims_rope=(quarter, quarter, quarter, quarter),
-            max_length=c.max_sequence_length,
-        )
+        # FLUX.2's rotary split: four equal parts of the head (32 each for the real 128-wide heads)
+        return {"axes_dims_rope": (quarter, quarter, quarter, quarter)}

@@ -191,18 +191,9 @@ class TinyQwenImage(TwinBackbone, QwenImageAdapter):
         grid: SigmaGrid = attrs.field(default="diffusers", validator=one_of(SigmaGrid))
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    spec_type = TinyQwenImageSpec
     build_transformer = staticmethod(_transformer)
     build_pipeline = staticmethod(tiny_qwen_image_pipeline)
-
-    @staticmethod
-    def spec(c: Any) -> TinyQwenImageSpec:
-        return TinyQwenImageSpec(
-            image_size=c.resolution,
-            num_layers=c.num_layers,
-            attention_head_dim=c.attention_head_dim,
-            num_attention_heads=c.num_attention_heads,
-            axes_dims_rope=c.axes_dims_rope,
-        )
 
     @classmethod
     def check_config(cls, config: Config) -> list[tuple[str, str]]:

@@ -151,15 +151,6 @@ class TinySD3(TwinBackbone, SD3Adapter):
         grid: SigmaGrid = attrs.field(default="uniform", validator=one_of(SigmaGrid))  # sigma grid
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    spec_type = TinySD3Spec
     build_transformer = staticmethod(_transformer)
     build_pipeline = staticmethod(tiny_sd3_pipeline)
-
-    @staticmethod
-    def spec(c: Config) -> TinySD3Spec:
-        return TinySD3Spec(
-            image_size=c.resolution,
-            num_layers=c.num_layers,
-            attention_head_dim=c.attention_head_dim,
-            num_attention_heads=c.num_attention_heads,
-            max_length=c.max_sequence_length,
-        )

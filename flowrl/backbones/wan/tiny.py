@@ -150,19 +150,13 @@ class TinyWan(TwinBackbone, WanAdapter):
         grid: SigmaGrid = attrs.field(default="uniform", validator=one_of(SigmaGrid))  # sigma grid
         dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
+    spec_type = TinyWanSpec
     build_transformer = staticmethod(_transformer)
     build_pipeline = staticmethod(tiny_wan_pipeline)
 
     @staticmethod
-    def spec(c: Config) -> TinyWanSpec:
-        return TinyWanSpec(
-            height=c.height or c.resolution,
-            width=c.width or c.resolution,
-            num_layers=c.num_layers,
-            attention_head_dim=c.attention_head_dim,
-            num_attention_heads=c.num_attention_heads,
-            max_length=c.max_sequence_length,
-        )
+    def spec_fields(c: Any) -> dict[str, Any]:
+        return {"height": c.height or c.resolution, "width": c.width or c.resolution}
 
     @classmethod
     def check_config(cls, config: Config) -> list[tuple[str, str]]:
