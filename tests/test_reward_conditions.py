@@ -37,10 +37,9 @@ def _problems(data: dict) -> list[tuple[str, str]]:
 
 def test_the_shipped_parts_declare_what_they_read_and_give() -> None:
     for name, cls in registry("reward").items():
-        config = cls.Config() if name != "remote" else None
-        if config is None:
-            continue
-        assert cls.needs_conditions(config) is (name == "world_edit_verifier"), name
+        assert cls.needs_conditions(cls.Config()) is (name == "world_edit_verifier"), name
+    remote = registry("reward").get("remote")
+    assert remote.needs_conditions(remote.Config(conditions=True)) is True  # it sends them: the server reads them
     given = {name: cls.gives_conditions(None) for name, cls in registry("prompts").items()}
     assert given == {"list": "none", "text_file": "none", "jsonl": None, "world": "none", "world_edit": "all"}
 

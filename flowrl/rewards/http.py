@@ -78,8 +78,14 @@ class Endpoint:
     def get(self, path: str, retries: int | None = None) -> Any:
         return self.call("GET", path, None, self.retries if retries is None else retries)
 
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self.call("POST", path, json.dumps(body, allow_nan=False).encode("utf-8"), self.retries)
+    def post(self, path: str, body: dict[str, Any], limit: int | None = None) -> Any:
+        """POST ``body`` as JSON; a body over the server's ``limit`` (bytes) is refused here, before it is sent."""
+        data = json.dumps(body, allow_nan=False).encode("utf-8")
+        if limit is not None and len(data) > limit:
+            raise RemoteRewardError(f"a request to reward server {self.url}{path} of {len(data)} bytes is over the "
+                                    f"server's limit of {limit} bytes (max_body_bytes at /health); lower "
+                                    "reward.batch_size or raise the server's --max-body-mb")
+        return self.call("POST", path, data, self.retries)
 
     def call(self, method: str, path: str, data: bytes | None, retries: int) -> Any:
         """The decoded JSON answer; :class:`RewardServerUnavailable` once ``retries`` retries failed too,

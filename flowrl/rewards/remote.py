@@ -28,7 +28,16 @@ from flowrl.registry import register
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.http import Endpoint, RemoteRewardError, RewardServerUnavailable
 from flowrl.rewards.openai_judge import DEFAULT_TEMPLATE, JudgeSettings, judge_health, judge_score
-from flowrl.rewards.wire import ENCODINGS, PROTOCOL, WireError, parse_metrics_answer, parse_score_answer, score_request
+from flowrl.rewards.wire import (
+    ENCODINGS,
+    PROTOCOL,
+    PROTOCOL_CONDITIONS,
+    PROTOCOLS,
+    WireError,
+    parse_metrics_answer,
+    parse_score_answer,
+    score_request,
+)
 
 __all__ = ["RemoteReward", "RemoteRewardError", "RewardServerUnavailable", "url_problem"]
 
@@ -65,6 +74,9 @@ class RemoteReward(RewardModel):
         token_env: str = "FLOWRL_SERVE_TOKEN"  # environment variable holding the bearer token (unset: none)
         encoding: Literal["png", "float32"] = attrs.field(default="png", validator=in_(ENCODINGS))
         expect: str = ""  # flowrl: the reward name the server must report at /health ("" accepts any)
+        # flowrl: send each prompt's condition images (flowrl-reward/2), for a served reward that reads them (an
+        # edit reward); the server's /health says whether it needs them, and a mismatch is refused at start-up
+        conditions: bool = False
         # protocol = "openai" only:
         model: str = ""  # the served model's id ("" takes the first the server lists)
         prompt_template: str = DEFAULT_TEMPLATE  # the judge's question; {prompt} is the image's prompt
@@ -90,6 +102,12 @@ class RemoteReward(RewardModel):
                 yield ("prompt_template", "must contain {prompt} (where the image's prompt goes)")
         if config.expect and config.protocol != "flowrl":
             yield ("expect", "applies to protocol = \"flowrl\" (an OpenAI-style server names its model: set model)")
+        if config.conditions and config.protocol != "flowrl":
+            yield ("conditions", "applies to protocol = \"flowrl\" (flowrl-reward/2 carries condition images)")
+
+    @classmethod
+    def needs_conditions(cls, config: Config) -> bool:
+        return bool(config.conditions)  # the server's health must agree (check())
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
@@ -126,9 +144,18 @@ class RemoteReward(RewardModel):
     def _check_flowrl_health(self) -> None:
         found = self.health if isinstance(self.health, dict) else {}
         where = f"{self.endpoint.url}/health"
-        if found.get("protocol") != PROTOCOL:
+        if found.get("protocol") not in PROTOCOLS:
             raise RewardConfigError(f"{self.label}: {where} does not speak {PROTOCOL} (it answered "
                                     f"{str(self.health)[:120]!r}); an OpenAI-style server: protocol = \"openai\"")
+        speaks = found.get("protocols", [found.get("protocol")])
+        if found.get("needs_conditions") and not self.config.conditions:
+            raise RewardConfigError(f"{self.label}: the server at {self.endpoint.url} serves reward "
+                                    f"{found.get('reward')!r}, which needs each prompt's condition images; set "
+                                    "reward.conditions = true (with prompts that carry them: an edit task)")
+        if self.config.conditions and PROTOCOL_CONDITIONS not in speaks:
+            raise RewardConfigError(f"{self.label}: the server at {self.endpoint.url} takes no condition images "
+                                    f"(it speaks {', '.join(map(str, speaks))}, not {PROTOCOL_CONDITIONS}); set "
+                                    "reward.conditions = false")
         if self.config.encoding not in found.get("encodings", ENCODINGS):
             raise RewardConfigError(f"{self.label}: the server at {self.endpoint.url} does not take encoding "
                                     f"{self.config.encoding!r} (it takes {found.get('encodings')})")
@@ -137,6 +164,11 @@ class RemoteReward(RewardModel):
                                     f"{found.get('reward')!r}, not {self.config.expect!r} (reward.expect)")
 
     # -- scoring ------------------------------------------------------------------------------------
+    def _limit(self) -> int | None:
+        """The server's body limit (``max_body_bytes`` at /health), when check() read it."""
+        limit = self.health.get("max_body_bytes") if isinstance(self.health, dict) else None
+        return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
     def _chunks(self, n: int) -> list[slice]:
         size = 1 if self.config.protocol == "openai" else self.config.batch_size
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
@@ -165,7 +197,8 @@ class RemoteReward(RewardModel):
         return torch.cat([part[0] for part in found]).float()
 
     def _score_chunk(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, dict[str, Tensor]]:
-        answer = self.endpoint.post("/score", score_request(images, prompts, self.config.encoding))
+        body = score_request(images, prompts, self.config.encoding, conditions=self.config.conditions)
+        answer = self.endpoint.post("/score", body, self._limit())
         try:
             return parse_score_answer(answer, images.shape[0])
         except WireError as error:
@@ -177,7 +210,8 @@ class RemoteReward(RewardModel):
         in one request, so figures that are not means come out as in process); openai: the mean score."""
         if self.config.protocol == "openai":
             return super().eval_metrics(images, prompts)
-        answer = self.endpoint.post("/metrics", score_request(images, prompts, self.config.encoding))
+        body = score_request(images, prompts, self.config.encoding, conditions=self.config.conditions)
+        answer = self.endpoint.post("/metrics", body, self._limit())
         try:
             return parse_metrics_answer(answer)
         except WireError as error:

@@ -1,4 +1,5 @@
-"""The ``flowrl-reward/1`` wire format: how images, prompts and scores travel between a trainer and a reward server.
+"""The ``flowrl-reward`` wire format: how images, prompts, condition images and scores travel between a trainer
+and a reward server (docs/rewards.md gives the schema a reward service can implement).
 
 Plain JSON both ways, never pickle (unpickling runs code of the sender's choosing). Images go as base64 in one of
 two lossless encodings:
@@ -8,10 +9,18 @@ two lossless encodings:
 - ``float32``: the ``(3, H, W)`` tensor's raw little-endian float32 bytes; exact (the server scores the very
   tensor the trainer made), four bytes a value.
 
-Request (``POST /score``, and ``POST /metrics`` for evaluation figures)::
+Two versions. ``flowrl-reward/1`` carries the results and their prompts' text; ``flowrl-reward/2`` adds each
+prompt's **condition images** (an edit's source image, flowrl.conditions), for a reward that scores a result
+against them. A request (``POST /score``, and ``POST /metrics`` for evaluation figures)::
 
-    {"protocol": "flowrl-reward/1", "prompts": [str], "metadata": [object | null] (optional),
-     "images": [{"encoding": "png", "data": b64} | {"encoding": "float32", "shape": [3, H, W], "data": b64}]}
+    {"protocol": "flowrl-reward/1" | "flowrl-reward/2", "prompts": [str], "metadata": [object | null] (optional),
+     "images": [{"encoding": "png", "data": b64} | {"encoding": "float32", "shape": [3, H, W], "data": b64}],
+     "conditions": [[{"encoding": "png", "data": b64}, ...], ...]   (version 2 only: one list per prompt)}
+
+A condition image is a PNG of its own pixels, in its own size and mode (RGB, RGBA or L: what the prompt file
+held, exactly), at most :data:`MAX_CONDITIONS` a prompt and :data:`MAX_SIDE` pixels a side. A version-2 server
+decodes them back into :class:`~flowrl.conditions.Prompt` objects, equal to the trainer's. A request without
+``protocol`` is version 1.
 
 Answer of ``/score``: ``{"scores": [float], "components": {name: [float]}}`` (``components`` optional), one score
 per image; a score that is not finite travels as ``null`` (JSON has no NaN) and the client refuses it. Answer of
@@ -32,11 +41,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flowrl.conditions import MODES, Condition, Prompt, conditions_of
 from flowrl.errors import UserError
 
-PROTOCOL = "flowrl-reward/1"
+PROTOCOL = "flowrl-reward/1"  # results and their prompts' text
+PROTOCOL_CONDITIONS = "flowrl-reward/2"  # version 1 and each prompt's condition images
+PROTOCOLS = (PROTOCOL, PROTOCOL_CONDITIONS)
 ENCODINGS = ("png", "float32")
 MAX_SIDE = 8192  # pixels: larger images are refused before any decoding (a PNG can claim any size)
+MAX_CONDITIONS = 8  # condition images a prompt may carry
 
 
 class WireError(UserError, ValueError):
@@ -107,23 +120,88 @@ def _decode_png(raw: bytes, where: str) -> Tensor:
     return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255
 
 
+# -- condition images -----------------------------------------------------------------------------------------
+def encode_condition(condition: Condition) -> dict[str, Any]:
+    """One condition image as a PNG of its own pixels, size and mode (lossless)."""
+    from PIL import Image
+
+    if max(condition.size) > MAX_SIDE:
+        width, height = condition.size
+        raise WireError(f"a {width}x{height} condition image is larger than the protocol's {MAX_SIDE} px")
+    pixels = np.asarray(condition.pixels)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels[:, :, 0] if condition.mode == "L" else pixels, mode=condition.mode).save(
+        buffer, format="PNG", compress_level=1
+    )
+    return {"encoding": "png", "data": base64.b64encode(buffer.getvalue()).decode("ascii")}
+
+
+def decode_condition(item: Any, where: str) -> Condition:
+    """A :class:`~flowrl.conditions.Condition` from its encoding; :class:`WireError` naming ``where``."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not isinstance(item, dict) or not isinstance(item.get("data"), str):
+        raise WireError(f"{where} must be an object with a base64 string 'data'")
+    if item.get("encoding", "png") != "png":
+        raise WireError(f"{where}.encoding must be 'png' (a condition image travels as a PNG of its own pixels)")
+    try:
+        raw = base64.b64decode(item["data"], validate=True)
+    except (binascii.Error, ValueError):
+        raise WireError(f"{where}.data is not valid base64") from None
+    try:
+        with Image.open(io.BytesIO(raw), formats=["PNG"]) as image:
+            if max(image.size) > MAX_SIDE:
+                raise WireError(f"{where}: a {image.size[0]}x{image.size[1]} image is larger than {MAX_SIDE} px")
+            if image.mode not in MODES:
+                raise WireError(f"{where}: a {image.mode} PNG; a condition image is {', '.join(MODES)}")
+            mode, pixels = image.mode, np.asarray(image, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        if isinstance(error, WireError):
+            raise
+        raise WireError(f"{where} is not a readable PNG ({type(error).__name__})") from None
+    return Condition(pixels, mode)
+
+
+def _conditions(body: dict[str, Any], prompts: list[str]) -> list[str]:
+    """The prompts of a version-2 body with their condition images."""
+    lists = body.get("conditions")
+    if not isinstance(lists, list) or len(lists) != len(prompts):
+        raise WireError(f"'conditions' must be a list with one list of images per prompt ({len(prompts)})")
+    out: list[str] = []
+    for i, (text, items) in enumerate(zip(prompts, lists, strict=True)):
+        if not isinstance(items, list):
+            raise WireError(f"conditions[{i}] must be a list of images (empty: the prompt has none)")
+        if len(items) > MAX_CONDITIONS:
+            raise WireError(f"conditions[{i}] holds {len(items)} images; at most {MAX_CONDITIONS} a prompt")
+        out.append(Prompt(text, [decode_condition(item, f"conditions[{i}][{k}]") for k, item in enumerate(items)]))
+    return out
+
+
 # -- requests -----------------------------------------------------------------------------------------------
 def score_request(images: Tensor, prompts: list[str], encoding: str,
-                  metadata: list[dict[str, Any] | None] | None = None) -> dict[str, Any]:
-    """The JSON body of a ``/score`` (or ``/metrics``) request for a batch ``(B, 3, H, W)``."""
-    body: dict[str, Any] = {"protocol": PROTOCOL, "prompts": list(prompts),
+                  metadata: list[dict[str, Any] | None] | None = None, conditions: bool = False) -> dict[str, Any]:
+    """The JSON body of a ``/score`` (or ``/metrics``) request for a batch ``(B, 3, H, W)``; with ``conditions``
+    a version-2 body carrying each prompt's condition images."""
+    body: dict[str, Any] = {"protocol": PROTOCOL_CONDITIONS if conditions else PROTOCOL,
+                            "prompts": [str(p) for p in prompts],
                             "images": [encode_image(image, encoding) for image in images]}
     if metadata is not None:
         body["metadata"] = metadata
+    if conditions:
+        body["conditions"] = [[encode_condition(c) for c in conditions_of(p)] for p in prompts]
     return body
 
 
 def parse_request(body: Any) -> tuple[Tensor, list[str], list[dict[str, Any] | None]]:
-    """The images ``(B, 3, H, W)``, prompts and metadata of a request body; :class:`WireError` if malformed."""
+    """The images ``(B, 3, H, W)``, prompts (carrying their condition images in version 2) and metadata of a
+    request body; :class:`WireError` if malformed."""
     if not isinstance(body, dict):
         raise WireError("the body must be a JSON object")
-    if body.get("protocol", PROTOCOL) != PROTOCOL:
-        raise WireError(f"protocol {body.get('protocol')!r} is not {PROTOCOL!r}")
+    protocol = body.get("protocol", PROTOCOL)
+    if protocol not in PROTOCOLS:
+        raise WireError(f"protocol {protocol!r} is not one of {', '.join(map(repr, PROTOCOLS))}")
+    if protocol == PROTOCOL and "conditions" in body:
+        raise WireError(f"'conditions' needs protocol {PROTOCOL_CONDITIONS!r} (this body says {PROTOCOL!r})")
     images, prompts = body.get("images"), body.get("prompts")
     if not isinstance(images, list) or not images:
         raise WireError("'images' must be a non-empty list")
@@ -138,6 +216,8 @@ def parse_request(body: Any) -> tuple[Tensor, list[str], list[dict[str, Any] | N
         raise WireError("'metadata' must be a list with one object (or null) per image")
     elif not all(m is None or isinstance(m, dict) for m in metadata):
         raise WireError("every 'metadata' entry must be an object or null")
+    if protocol == PROTOCOL_CONDITIONS:
+        prompts = _conditions(body, prompts)
     decoded = [decode_image(item, i) for i, item in enumerate(images)]
     shapes = {tuple(t.shape) for t in decoded}
     if len(shapes) != 1:

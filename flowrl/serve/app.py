@@ -1,6 +1,12 @@
 """The reward server's HTTP application (FastAPI, run by uvicorn): ``GET /health``, ``POST /score``,
 ``POST /metrics`` of one reward, speaking :mod:`flowrl.rewards.wire`.
 
+Versions: the server reads both ``flowrl-reward/1`` and ``/2`` requests. A reward that needs each prompt's condition
+images (``RewardModel.needs_conditions``, an edit reward) says so at ``/health`` (``protocol``
+``flowrl-reward/2``, ``needs_conditions: true``, which an older, version-1 client refuses by name) and answers 400
+to a request whose prompt has none; any other reward reports ``protocol`` ``flowrl-reward/1`` as before and scores
+the results alone (the condition images of a version-2 request reach it with the prompts, unread).
+
 Safety: the body is JSON read by the strict checks of :mod:`flowrl.rewards.wire` (no pickle, no code from the
 client); a body over ``max_body_bytes`` is refused with 413 before it is read in full, a malformed one with 400,
 and the server keeps serving. With a token every request, health included, needs ``Authorization: Bearer
@@ -23,9 +29,20 @@ from starlette.concurrency import run_in_threadpool
 from torch import Tensor
 
 import flowrl
+from flowrl.conditions import conditions_of
 from flowrl.config import unstructure
 from flowrl.interfaces import RewardModel
-from flowrl.rewards.wire import ENCODINGS, PROTOCOL, WireError, parse_request, score_answer
+from flowrl.rewards.wire import (
+    ENCODINGS,
+    MAX_CONDITIONS,
+    MAX_SIDE,
+    PROTOCOL,
+    PROTOCOL_CONDITIONS,
+    PROTOCOLS,
+    WireError,
+    parse_request,
+    score_answer,
+)
 
 DEFAULT_MAX_BODY = 256 * 1024 * 1024  # bytes: 64 PNG images of 1024 px with room to spare
 
@@ -50,14 +67,19 @@ def create_app(reward: RewardModel, name: str, token: str = "", max_body_bytes: 
     app = FastAPI(title=f"flowrl reward server: {name}", docs_url=None, redoc_url=None, openapi_url=None)
     lock = threading.Lock()
     takes_metadata = "metadata" in inspect.signature(reward.score).parameters
+    needs_conditions = bool(type(reward).needs_conditions(reward.config))
     health = {
-        "protocol": PROTOCOL,
+        "protocol": PROTOCOL_CONDITIONS if needs_conditions else PROTOCOL,
+        "protocols": list(PROTOCOLS),
+        "needs_conditions": needs_conditions,
         "reward": name,
         "class": f"{type(reward).__module__}:{type(reward).__qualname__}",
         "version": flowrl.__version__,
         "config": unstructure(reward.config),
         "needs": {"images": "RGB (3, H, W) in [0, 1], one size per request", "prompts": "one per image",
-                  "metadata": metadata_keys(reward)},
+                  "metadata": metadata_keys(reward),
+                  "conditions": (f"each prompt's condition images ({PROTOCOL_CONDITIONS}: PNG, RGB, RGBA or L, at most "
+                                 f"{MAX_CONDITIONS} a prompt, {MAX_SIDE} px a side)") if needs_conditions else "none"},
         "encodings": list(ENCODINGS),
         "max_body_bytes": max_body_bytes,
     }
@@ -89,6 +111,11 @@ def create_app(reward: RewardModel, name: str, token: str = "", max_body_bytes: 
 
     def run_reward(body: Any, metrics: bool) -> dict[str, Any]:
         images, prompts, metadata = parse_request(body)
+        if needs_conditions:
+            missing = next((i for i, p in enumerate(prompts) if not conditions_of(p)), None)
+            if missing is not None:
+                raise _Refused(400, f"reward '{name}' needs each prompt's condition images (protocol "
+                                    f"{PROTOCOL_CONDITIONS!r} with 'conditions'); prompts[{missing}] has none")
         with lock:
             try:
                 if metrics:
