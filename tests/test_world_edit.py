@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_world import gaussian_blur
+from test_world import _mosaic, gaussian_blur
 
 from flowrl.world import HELDOUT_PAIRS, SPLITS, ObjectGroup, Relation, Scene, detect, verify_batch
 from flowrl.world.edit import (
@@ -291,6 +291,26 @@ def test_clutter_and_partial_edits_score_below_the_clean_result() -> None:
     blank = np.full_like(target, 60)
     for text in ("make the red circle green", "remove the blue square", "move the red circle above the blue square"):
         assert verify_edit(blank, source, text).score == 0.0  # nothing drawn keeps nothing
+
+
+def test_mosaics_and_floods_score_nothing_as_edits() -> None:
+    """The world's hacking probes as edit results: colour mosaics in 2, 4 and 8 px blocks and every colour at once
+    follow no instruction and keep nothing, and so does the source itself."""
+    from flowrl.world.grammar import COLOURS
+
+    edits = balanced_edits("test", 100, seed=5)
+    sources, targets = render_edit_batch(edits, seed=6)
+    texts = [e.text for e in edits]
+    rng = np.random.default_rng(7)
+    stripes = np.full((32, 32, 3), 60, dtype=np.uint8)
+    for i, rgb in enumerate(COLOURS.values()):
+        stripes[:, i * 5 : i * 5 + 5] = rgb
+    attacks = {f"mosaic {b} px": np.stack([_mosaic(rng, b) for _ in edits]) for b in (2, 4, 8)}
+    attacks |= {"every colour": np.stack([stripes] * len(edits)), "the source": sources}
+    for name, images in attacks.items():
+        scores, strict = score_edit_batch(images, sources, texts)
+        assert scores.max() == 0 and strict.max() == 0, name
+    assert score_edit_batch(targets, sources, texts)[1].min() == 1
 
 
 def test_per_kind_constraints_are_named() -> None:
