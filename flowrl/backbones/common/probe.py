@@ -1,17 +1,20 @@
 """The machinery every attention-entropy probe shares (AEGPO's signal): the chunked fp32 softmax entropy of query
-rows over keys, the recorder that collects one entropy per probed layer, and the swap of a transformer's attention
-processors for probing ones (restored on exit, also on error). Torch only: each base's ``probe.py`` subclasses its
-diffusers processors on top of this."""
+rows over keys, the recorder that collects one entropy per probed layer, the probe processor's common half
+(where it records, what it measures) and the swap of a transformer's attention processors for probing ones
+(restored on exit, also on error). Torch only: each base's ``probe.py`` subclasses its diffusers processors on
+top of this and names, in :func:`probe_processors`, which processor class each of its probes replaces."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
 def softmax_entropy(
@@ -112,3 +115,61 @@ def swapped_processors(
 def refuse(i: int, old: Any, replaced: str) -> NotImplementedError:
     """The error for attention layer ``i`` whose processor ``old`` is not one the probe can replace."""
     return NotImplementedError(f"attention layer {i} uses {type(old).__name__}; the probe replaces only {replaced}")
+
+
+class ProbeProcessor:
+    """The half every probe processor shares, placed before the diffusers processor it subclasses
+    (``class P(ProbeProcessor, FluxAttnProcessor)``): the ``recorder`` it adds its ``layer``'s entropy to, the
+    ``options`` saying what to measure and, for a joint ``[text; image]`` sequence, ``text_len``, the text tokens
+    at its start."""
+
+    def __init__(
+        self, recorder: EntropyRecorder, layer: int, options: AttentionEntropyOptions, text_len: int = 0
+    ) -> None:
+        super().__init__()
+        self.recorder, self.layer, self.options, self.text_len = recorder, layer, options, text_len
+
+    def _record(self, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
+        """Record the entropy of the image-query rows of a joint ``[text; image]`` sequence (every
+        ``query_stride``-th after the ``text_len`` text rows) over every key, or the text keys only
+        (``keys = "text"``)."""
+        if attention_mask is not None:
+            raise NotImplementedError("the attention-entropy probe does not support attention masks")
+        o, t = self.options, self.text_len
+        keys = key[:, :t] if o.keys == "text" else key
+        self.recorder.add(self.layer, softmax_entropy(query[:, t :: o.query_stride], keys, o.chunk_size, o.normalise))
+
+
+@contextmanager
+def probe_processors(
+    transformer: nn.Module,
+    modules: Callable[[nn.Module], list[Any]],
+    options: AttentionEntropyOptions,
+    probes: Mapping[type, type[ProbeProcessor]],
+    *,
+    text_len: int = 0,
+    recorder: EntropyRecorder | None = None,
+    subclasses: bool = False,
+) -> Iterator[EntropyRecorder]:
+    """Inside: the chosen layers (``options.layers``) of ``modules(transformer)`` (the transformer unwrapped from
+    a distributed wrapper) run probe processors recording into ``recorder`` (a new one by default), which is
+    yielded; the originals are restored on exit (also on error).
+
+    ``probes`` maps each diffusers processor class a probe replaces to the probe's class; an original whose class
+    is not a key is refused (NotImplementedError), and so is, with ``subclasses``, a subclass of a key that
+    overrides its ``__call__`` (without ``subclasses``, only the key classes themselves are replaced)."""
+    recorder = EntropyRecorder() if recorder is None else recorder
+    replaced = " and ".join(original.__name__ for original in probes)
+
+    def make(i: int, old: Any) -> ProbeProcessor:
+        found = probes.get(type(old))
+        if found is None and subclasses:
+            found = next(
+                (p for c, p in probes.items() if isinstance(old, c) and type(old).__call__ is c.__call__), None
+            )
+        if found is None:
+            raise refuse(i, old, replaced)
+        return found(recorder, i, options, text_len)
+
+    with swapped_processors(modules(unwrap(transformer)), options.layers, make):
+        yield recorder

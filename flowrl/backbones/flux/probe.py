@@ -14,8 +14,7 @@ adapter); algorithms see the capability ``flowrl.interfaces.AttentionEntropyProb
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -24,28 +23,17 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
 from torch import Tensor, nn
 
-from flowrl.backbones.common.probe import (
-    EntropyRecorder,
-    block_attentions,
-    refuse,
-    softmax_entropy,
-    swapped_processors,
-    unwrap,
-)
+from flowrl.backbones.common.probe import EntropyRecorder, ProbeProcessor, block_attentions, probe_processors
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
-class EntropyProbeProcessor(FluxAttnProcessor):
+class EntropyProbeProcessor(ProbeProcessor, FluxAttnProcessor):
     """``FluxAttnProcessor`` that also records the softmax entropy of image-query rows.
 
     ``text_len`` is the number of text tokens at the start of the joint sequence: double-stream blocks
     see it as ``encoder_hidden_states``; single-stream blocks get one ``[text; image]`` sequence and are
     told the length here.
     """
-
-    def __init__(self, recorder: EntropyRecorder, layer: int, text_len: int, options: AttentionEntropyOptions) -> None:
-        super().__init__()
-        self.recorder, self.layer, self.text_len, self.options = recorder, layer, text_len, options
 
     def __call__(  # noqa: D102
         self,
@@ -88,29 +76,16 @@ class EntropyProbeProcessor(FluxAttnProcessor):
             return out, attn.to_add_out(encoder_out.contiguous())
         return out
 
-    def _record(self, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
-        if attention_mask is not None:
-            raise NotImplementedError("the attention-entropy probe does not support attention masks")
-        o, t = self.options, self.text_len
-        image_queries = query[:, t :: o.query_stride]
-        keys = key[:, :t] if o.keys == "text" else key
-        self.recorder.add(self.layer, softmax_entropy(image_queries, keys, o.chunk_size, o.normalise))
-
 
 def attention_modules(transformer: nn.Module) -> list[Any]:
     """Every attention module in probe order: double-stream blocks, then single-stream blocks."""
     return block_attentions(transformer, ("transformer_blocks", "single_transformer_blocks"), "FLUX")
 
 
-@contextmanager
-def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text_len: int) -> Iterator[EntropyRecorder]:
-    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    recorder = EntropyRecorder()
-
-    def make(i: int, old: Any) -> EntropyProbeProcessor:
-        if not isinstance(old, FluxAttnProcessor) or type(old).__call__ is not FluxAttnProcessor.__call__:
-            raise refuse(i, old, "FluxAttnProcessor")
-        return EntropyProbeProcessor(recorder, i, text_len, options)
-
-    with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
-        yield recorder
+def entropy_probe(
+    transformer: nn.Module, options: AttentionEntropyOptions, text_len: int
+) -> AbstractContextManager[EntropyRecorder]:
+    """Install probe processors on the chosen layers (in place of ``FluxAttnProcessor`` or a subclass keeping its
+    ``__call__``); restore the originals on exit (also on error)."""
+    probes = {FluxAttnProcessor: EntropyProbeProcessor}
+    return probe_processors(transformer, attention_modules, options, probes, text_len=text_len, subclasses=True)

@@ -14,8 +14,7 @@ The processors mirror diffusers 0.42's ``__call__`` bodies and use its private `
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -28,29 +27,8 @@ from diffusers.models.transformers.transformer_flux2 import (
 )
 from torch import Tensor, nn
 
-from flowrl.backbones.common.probe import (
-    EntropyRecorder,
-    block_attentions,
-    refuse,
-    softmax_entropy,
-    swapped_processors,
-    unwrap,
-)
+from flowrl.backbones.common.probe import EntropyRecorder, ProbeProcessor, block_attentions, probe_processors
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
-
-
-class _Recording:
-    """What both probe processors share: where to record, and the text length of the joint sequence."""
-
-    def setup(self, recorder: EntropyRecorder, layer: int, text_len: int, options: AttentionEntropyOptions) -> None:
-        self.recorder, self.layer, self.text_len, self.options = recorder, layer, text_len, options
-
-    def record(self, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
-        if attention_mask is not None:
-            raise NotImplementedError("the attention-entropy probe does not support attention masks")
-        o, t = self.options, self.text_len
-        keys = key[:, :t] if o.keys == "text" else key
-        self.recorder.add(self.layer, softmax_entropy(query[:, t :: o.query_stride], keys, o.chunk_size, o.normalise))
 
 
 def _attend(proc: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
@@ -60,7 +38,7 @@ def _attend(proc: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor |
     return out.flatten(2, 3).to(query.dtype)  # type: ignore[no-any-return]
 
 
-class DoubleStreamProbe(_Recording, Flux2AttnProcessor):
+class DoubleStreamProbe(ProbeProcessor, Flux2AttnProcessor):
     """``Flux2AttnProcessor`` that also records the entropy of image-query rows (text comes first)."""
 
     def __call__(  # noqa: D102
@@ -82,7 +60,7 @@ class DoubleStreamProbe(_Recording, Flux2AttnProcessor):
         if image_rotary_emb is not None:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-        self.record(query, key, attention_mask)
+        self._record(query, key, attention_mask)
         out = _attend(self, query, key, value, attention_mask)
         if encoder_hidden_states is None:
             return attn.to_out[1](attn.to_out[0](out))  # type: ignore[no-any-return]
@@ -91,7 +69,7 @@ class DoubleStreamProbe(_Recording, Flux2AttnProcessor):
         return attn.to_out[1](attn.to_out[0](out)), attn.to_add_out(encoder_out)
 
 
-class SingleStreamProbe(_Recording, Flux2ParallelSelfAttnProcessor):
+class SingleStreamProbe(ProbeProcessor, Flux2ParallelSelfAttnProcessor):
     """``Flux2ParallelSelfAttnProcessor`` (fused qkv + MLP) that also records the image-query entropy."""
 
     def __call__(  # noqa: D102
@@ -111,12 +89,15 @@ class SingleStreamProbe(_Recording, Flux2ParallelSelfAttnProcessor):
         if image_rotary_emb is not None:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-        self.record(query, key, attention_mask)
+        self._record(query, key, attention_mask)
         out = _attend(self, query, key, value, attention_mask)
         return attn.to_out(torch.cat([out, attn.mlp_act_fn(mlp)], dim=-1))  # type: ignore[no-any-return]
 
 
-PROBES: dict[type, type] = {Flux2AttnProcessor: DoubleStreamProbe, Flux2ParallelSelfAttnProcessor: SingleStreamProbe}
+PROBES: dict[type, type[ProbeProcessor]] = {
+    Flux2AttnProcessor: DoubleStreamProbe,
+    Flux2ParallelSelfAttnProcessor: SingleStreamProbe,
+}
 
 
 def attention_modules(transformer: nn.Module) -> list[Any]:
@@ -124,18 +105,9 @@ def attention_modules(transformer: nn.Module) -> list[Any]:
     return block_attentions(transformer, ("transformer_blocks", "single_transformer_blocks"), "FLUX.2")
 
 
-@contextmanager
-def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions, text_len: int) -> Iterator[EntropyRecorder]:
-    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    recorder = EntropyRecorder()
-
-    def make(i: int, old: Any) -> Any:
-        probe_cls = PROBES.get(type(old))
-        if probe_cls is None:
-            raise refuse(i, old, " and ".join(t.__name__ for t in PROBES))
-        probe = probe_cls()
-        probe.setup(recorder, i, text_len, options)
-        return probe
-
-    with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
-        yield recorder
+def entropy_probe(
+    transformer: nn.Module, options: AttentionEntropyOptions, text_len: int
+) -> AbstractContextManager[EntropyRecorder]:
+    """Install probe processors on the chosen layers (in place of the :data:`PROBES` classes themselves); restore
+    the originals on exit (also on error)."""
+    return probe_processors(transformer, attention_modules, options, PROBES, text_len=text_len)

@@ -17,8 +17,7 @@ The processor mirrors ``QwenDoubleStreamAttnProcessor2_0.__call__`` of diffusers
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -31,21 +30,16 @@ from torch import Tensor, nn
 
 from flowrl.backbones.common.probe import (
     EntropyRecorder,
+    ProbeProcessor,
     block_attentions,
-    refuse,
+    probe_processors,
     softmax_entropy,
-    swapped_processors,
-    unwrap,
 )
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
-class QwenEntropyProbeProcessor(QwenDoubleStreamAttnProcessor2_0):
+class QwenEntropyProbeProcessor(ProbeProcessor, QwenDoubleStreamAttnProcessor2_0):
     """``QwenDoubleStreamAttnProcessor2_0`` that also records the softmax entropy of image-query rows."""
-
-    def __init__(self, recorder: EntropyRecorder, layer: int, options: AttentionEntropyOptions) -> None:
-        super().__init__()
-        self.recorder, self.layer, self.options = recorder, layer, options
 
     def __call__(  # noqa: D102
         self,
@@ -89,7 +83,7 @@ class QwenEntropyProbeProcessor(QwenDoubleStreamAttnProcessor2_0):
             txt_k = apply_rotary_emb_qwen(txt_k, txt_freqs, use_real=False)
         query, key = torch.cat([txt_q, img_q], dim=1), torch.cat([txt_k, img_k], dim=1)
         value = torch.cat([txt_v, img_v], dim=1)
-        self._record(query, key, key_mask, seq_txt)
+        self._record_masked(query, key, key_mask, seq_txt)
         out = dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
             backend=self._attention_backend, parallel_config=self._parallel_config,
@@ -101,7 +95,7 @@ class QwenEntropyProbeProcessor(QwenDoubleStreamAttnProcessor2_0):
             img_out = attn.to_out[1](img_out)
         return img_out, attn.to_add_out(txt_out.contiguous())
 
-    def _record(self, query: Tensor, key: Tensor, key_mask: Tensor | None, seq_txt: int) -> None:
+    def _record_masked(self, query: Tensor, key: Tensor, key_mask: Tensor | None, seq_txt: int) -> None:
         o = self.options
         image_queries = query[:, seq_txt :: o.query_stride]
         if o.keys == "text":
@@ -116,17 +110,11 @@ def attention_modules(transformer: nn.Module) -> list[Any]:
     return block_attentions(transformer, ("transformer_blocks",), "Qwen-Image")
 
 
-@contextmanager
 def entropy_probe(
     transformer: nn.Module, options: AttentionEntropyOptions, recorder: EntropyRecorder
-) -> Iterator[None]:
-    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    base = QwenDoubleStreamAttnProcessor2_0
-
-    def make(i: int, old: Any) -> QwenEntropyProbeProcessor:
-        if not isinstance(old, base) or type(old).__call__ is not base.__call__:
-            raise refuse(i, old, base.__name__)
-        return QwenEntropyProbeProcessor(recorder, i, options)
-
-    with swapped_processors(attention_modules(unwrap(transformer)), options.layers, make):
-        yield
+) -> AbstractContextManager[EntropyRecorder]:
+    """Install probe processors recording into ``recorder`` on the chosen layers (in place of
+    ``QwenDoubleStreamAttnProcessor2_0`` or a subclass keeping its ``__call__``); restore the originals on exit
+    (also on error)."""
+    probes = {QwenDoubleStreamAttnProcessor2_0: QwenEntropyProbeProcessor}
+    return probe_processors(transformer, attention_modules, options, probes, recorder=recorder, subclasses=True)

@@ -16,15 +16,14 @@ entropy is the conditional rows' (the batched ``[uncond; cond]`` forward's secon
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
 from torch import Tensor, nn
 
-from flowrl.backbones.common.probe import EntropyRecorder, refuse, softmax_entropy, swapped_processors, unwrap
+from flowrl.backbones.common.probe import EntropyRecorder, ProbeProcessor, probe_processors, softmax_entropy
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 
 
@@ -36,12 +35,8 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
 
 
-class WanEntropyProbeProcessor(WanAttnProcessor):
+class WanEntropyProbeProcessor(ProbeProcessor, WanAttnProcessor):
     """``WanAttnProcessor`` that also records the softmax entropy of this layer's video-query rows."""
-
-    def __init__(self, recorder: EntropyRecorder, layer: int, options: AttentionEntropyOptions) -> None:
-        super().__init__()
-        self.recorder, self.layer, self.options = recorder, layer, options
 
     def __call__(  # noqa: D102
         self,
@@ -76,15 +71,8 @@ def attention_modules(transformer: nn.Module, keys: str) -> list[Any]:
     return modules
 
 
-@contextmanager
-def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions) -> Iterator[EntropyRecorder]:
-    """Install probe processors on the chosen layers; restore the originals on exit (also on error)."""
-    recorder = EntropyRecorder()
-
-    def make(i: int, old: Any) -> WanEntropyProbeProcessor:
-        if type(old) is not WanAttnProcessor:
-            raise refuse(i, old, "WanAttnProcessor")
-        return WanEntropyProbeProcessor(recorder, i, options)
-
-    with swapped_processors(attention_modules(unwrap(transformer), options.keys), options.layers, make):
-        yield recorder
+def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions) -> AbstractContextManager[EntropyRecorder]:
+    """Install probe processors on the chosen layers (in place of ``WanAttnProcessor`` itself); restore the
+    originals on exit (also on error)."""
+    probes = {WanAttnProcessor: WanEntropyProbeProcessor}
+    return probe_processors(transformer, lambda t: attention_modules(t, options.keys), options, probes)
