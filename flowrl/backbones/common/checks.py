@@ -10,6 +10,17 @@ import attrs
 
 # The tiny specs' field names that the recipe names otherwise (spec name -> recipe key).
 SPEC_RENAMES = {"image_size": "resolution", "max_length": "max_sequence_length"}
+_WORDS = {3: "three", 4: "four"}
+
+
+def check_rotary_axes(axes: tuple[int, ...], parts: int, head_dim: int, labels: str = "") -> None:
+    """A tiny spec's rotary split, refused (``ValueError``) unless it is ``parts`` even numbers summing to the
+    attention head's width; ``labels`` names the axes in the message (``"t, h, w, l"``)."""
+    if len(axes) != parts or any(d % 2 for d in axes):
+        named = f" ({labels})" if labels else ""
+        raise ValueError(f"axes_dims_rope must be {_WORDS[parts]} even numbers{named}, got {axes}")
+    if sum(axes) != head_dim:
+        raise ValueError(f"axes_dims_rope {axes} must sum to attention_head_dim {head_dim}")
 
 
 def spec_problems(spec: Callable[[Any], Any], config: Any) -> list[tuple[str, str]]:

@@ -95,16 +95,12 @@ def tiny_t5(spec: Any, vocab_size: int) -> Any:
     return T5EncoderModel(T5Config(**t5_settings(spec.joint_attention_dim, spec, vocab_size)))
 
 
-def tiny_vae(spec: Any, scaling_factor: float = 1.0, shift_factor: float = 0.0) -> Any:
-    """A tiny AutoencoderKL from a spec's ``vae_block_out_channels``, ``latent_channels`` and ``image_size``;
-    shared by the tiny FLUX and SD3 pipelines (``shift_factor`` must not be None: the pipelines' decode adds
-    it)."""
-    from diffusers import AutoencoderKL
-
+def kl_vae_settings(spec: Any) -> dict[str, Any]:
+    """The settings of a tiny KL autoencoder (diffusers' ``AutoencoderKL`` for FLUX and SD3,
+    ``AutoencoderKLFlux2`` for FLUX.2) from a spec's ``vae_block_out_channels``, ``latent_channels`` and
+    ``image_size``: one plain down and up block per width, no quant convolutions."""
     n = len(spec.vae_block_out_channels)
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
+    return dict(
         down_block_types=("DownEncoderBlock2D",) * n,
         up_block_types=("UpDecoderBlock2D",) * n,
         block_out_channels=spec.vae_block_out_channels,
@@ -112,8 +108,16 @@ def tiny_vae(spec: Any, scaling_factor: float = 1.0, shift_factor: float = 0.0) 
         latent_channels=spec.latent_channels,
         norm_num_groups=min(4, *spec.vae_block_out_channels),
         sample_size=spec.image_size,
-        scaling_factor=scaling_factor,
-        shift_factor=shift_factor,
         use_quant_conv=False,
         use_post_quant_conv=False,
+    )
+
+
+def tiny_vae(spec: Any, scaling_factor: float = 1.0, shift_factor: float = 0.0) -> Any:
+    """A tiny AutoencoderKL (:func:`kl_vae_settings`) of RGB images; shared by the tiny FLUX and SD3 pipelines
+    (``shift_factor`` must not be None: the pipelines' decode adds it)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, scaling_factor=scaling_factor, shift_factor=shift_factor, **kl_vae_settings(spec)
     )

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 from attrs.validators import ge, gt
 
+from flowrl.backbones.common.checks import check_rotary_axes
 from flowrl.backbones.common.settings import DType
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
 from flowrl.backbones.common.twin import TwinBackbone
@@ -71,12 +72,7 @@ class TinyFluxSpec:
     vae_block_out_channels: tuple[int, ...] = attrs.field(default=(8, 16), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
-        if len(self.axes_dims_rope) != 3 or any(d % 2 for d in self.axes_dims_rope):
-            raise ValueError(f"axes_dims_rope must be three even numbers, got {self.axes_dims_rope}")
-        if sum(self.axes_dims_rope) != self.attention_head_dim:
-            raise ValueError(
-                f"axes_dims_rope {self.axes_dims_rope} must sum to attention_head_dim {self.attention_head_dim}"
-            )
+        check_rotary_axes(self.axes_dims_rope, 3, self.attention_head_dim)
         for name in ("joint_attention_dim", "pooled_projection_dim"):
             if getattr(self, name) % self.text_heads:
                 raise ValueError(f"{name} must be divisible by text_heads={self.text_heads}")

@@ -31,8 +31,9 @@ import attrs
 import torch
 from attrs.validators import ge, gt, in_
 
+from flowrl.backbones.common.checks import check_rotary_axes
 from flowrl.backbones.common.settings import DType, SigmaGrid
-from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
+from flowrl.backbones.common.tiny import kl_vae_settings, save_pipeline, seeded_modules
 from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.flux2.adapter import BASE_TARGETS, Flux2Adapter, single_block_outputs
 from flowrl.choices import one_of
@@ -74,12 +75,7 @@ class TinyFlux2Spec:
     vae_block_out_channels: tuple[int, ...] = attrs.field(default=(8, 16), converter=_ints)
 
     def __attrs_post_init__(self) -> None:
-        if len(self.axes_dims_rope) != 4 or any(d % 2 for d in self.axes_dims_rope):
-            raise ValueError(f"axes_dims_rope must be four even numbers (t, h, w, l), got {self.axes_dims_rope}")
-        if sum(self.axes_dims_rope) != self.attention_head_dim:
-            raise ValueError(
-                f"axes_dims_rope {self.axes_dims_rope} must sum to attention_head_dim {self.attention_head_dim}"
-            )
+        check_rotary_axes(self.axes_dims_rope, 4, self.attention_head_dim, "t, h, w, l")
         if self.text_hidden % self.text_heads or (self.text_hidden // self.text_heads) % 2:
             raise ValueError(f"text_hidden {self.text_hidden} / text_heads {self.text_heads} must be an even width")
         if self.image_size % self.token_grid_factor:
@@ -126,18 +122,7 @@ def _transformer(spec: TinyFlux2Spec) -> Any:
 def _vae(spec: TinyFlux2Spec) -> Any:
     from diffusers import AutoencoderKLFlux2
 
-    n = len(spec.vae_block_out_channels)
-    vae = AutoencoderKLFlux2(
-        down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=spec.vae_block_out_channels,
-        layers_per_block=1,
-        latent_channels=spec.latent_channels,
-        norm_num_groups=min(4, *spec.vae_block_out_channels),
-        sample_size=spec.image_size,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
+    vae = AutoencoderKLFlux2(**kl_vae_settings(spec))
     # random running statistics (saved with the weights): the pipeline's normalisation is then no identity
     channels = vae.bn.running_mean.shape[0]
     vae.bn.running_mean.copy_(0.3 * torch.randn(channels))

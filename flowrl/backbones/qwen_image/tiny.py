@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 from attrs.validators import ge, gt
 
+from flowrl.backbones.common.checks import check_rotary_axes
 from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
 from flowrl.backbones.common.twin import TwinBackbone
@@ -62,12 +63,7 @@ class TinyQwenImageSpec:
     vae_base_dim: int = attrs.field(default=8, validator=gt(0))
 
     def __attrs_post_init__(self) -> None:
-        if len(self.axes_dims_rope) != 3 or any(d % 2 for d in self.axes_dims_rope):
-            raise ValueError(f"axes_dims_rope must be three even numbers, got {self.axes_dims_rope}")
-        if sum(self.axes_dims_rope) != self.attention_head_dim:
-            raise ValueError(
-                f"axes_dims_rope {self.axes_dims_rope} must sum to attention_head_dim {self.attention_head_dim}"
-            )
+        check_rotary_axes(self.axes_dims_rope, 3, self.attention_head_dim)
         head = self.text_width // self.text_heads
         if self.text_width % self.text_heads or head % 4:
             raise ValueError(f"text_width {self.text_width} / text_heads {self.text_heads} must be a multiple of 4")
