@@ -5,6 +5,8 @@ stage 2 (from stage 1's output)::
 
     name, seed, output_dir, init    top level ("" output_dir: the shipped flowrl/world/base_model;
                                     init: a saved world pipeline to start from)
+    task                            "text_to_image" (scenes from captions) or "edit" (the edit base from
+                                    source, instruction, target triples; recipes/pretrain/world_edit.toml)
     [model]   TinyFluxSpec sizes    (pixel space; see :class:`ModelConfig`)
     [train]   steps, batch, AdamW, noise-level distribution, EMA, data pool (:class:`TrainConfig`)
     [eval]    test- and novel-split verifier scores with the ODE sampler (:class:`EvalConfig`)
@@ -133,6 +135,10 @@ class PretrainRecipe:
     # a saved world pipeline to start from (a second pre-training stage); "": random initialisation.
     # A relative path is looked up from the current directory, then from the repository root.
     init: str = ""
+    # "text_to_image": the world base (caption -> scene); "edit": the edit base (source + instruction -> target)
+    task: Literal["text_to_image", "edit"] = attrs.field(
+        default="text_to_image", validator=in_(("text_to_image", "edit"))
+    )
     model: ModelConfig = attrs.field(factory=ModelConfig)
     train: TrainConfig = attrs.field(factory=TrainConfig)
     eval: EvalConfig = attrs.field(factory=EvalConfig)

@@ -62,7 +62,7 @@ class Pretrainer:
             torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(recipe.seed)
         self.generator = torch.Generator().manual_seed(recipe.seed)
-        self.backbone = build_backbone(recipe.model, recipe.seed)
+        self.backbone = build_backbone(recipe.model, recipe.seed, recipe.task)
         if recipe.init:
             load_initial_weights(self.backbone, recipe.init)
         self.device = training_device(self.cfg.device)
@@ -218,6 +218,14 @@ class Pretrainer:
     def log(self, message: str) -> None:
         tqdm.write(message)
 
+    def describe(self, figures: dict[str, float]) -> str:
+        """The log line of one evaluation."""
+        return (
+            f"eval step {figures['step']}: test score {figures['test/score']:.3f} strict "
+            f"{figures['test/strict']:.3f} (single objects {figures['test/strict/single']:.3f}) | "
+            f"novel score {figures['novel/score']:.3f} strict {figures['novel/strict']:.3f}"
+        )
+
     # -- the whole job ----------------------------------------------------------------------------
     def run(self) -> PretrainResult:
         cfg = self.cfg
@@ -256,11 +264,7 @@ class Pretrainer:
                     figures = {"step": self.step, **self.evaluate()}
                     eval_s += time.perf_counter() - t0
                     evals.append(figures)
-                    self.log(
-                        f"eval step {self.step}: test score {figures['test/score']:.3f} strict "
-                        f"{figures['test/strict']:.3f} (single objects {figures['test/strict/single']:.3f}) | "
-                        f"novel score {figures['novel/score']:.3f} strict {figures['novel/strict']:.3f}"
-                    )
+                    self.log(self.describe(figures))
                 if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
                     self.save(self.output_dir / "checkpoints" / f"step-{self.step}")
         finally:
@@ -294,5 +298,10 @@ class Pretrainer:
 
 
 def pretrain(recipe: PretrainRecipe, output_dir: str | Path | None = None, quiet: bool = False) -> PretrainResult:
-    """Pre-train as ``recipe`` says and save the pipeline into ``output_dir`` (default: the recipe's)."""
+    """Pre-train as ``recipe`` says and save the pipeline into ``output_dir`` (default: the recipe's); an edit
+    recipe (``task = "edit"``) trains the edit base (:mod:`flowrl.pretrain.edit`)."""
+    if recipe.task == "edit":
+        from flowrl.pretrain.edit import EditPretrainer
+
+        return EditPretrainer(recipe, output_dir, quiet).run()
     return Pretrainer(recipe, output_dir, quiet).run()

@@ -43,7 +43,7 @@ class WorldEdit(WorldTiny):
 
     @attrs.frozen
     class Config:
-        path: str = ""  # a saved world pipeline; empty: flowrl/world/base_model_edit (not made yet)
+        path: str = ""  # a saved world pipeline; empty: the shipped edit base, flowrl/world/base_model_edit
         resolution: int = attrs.field(default=32, validator=gt(0))
         guidance: float = 3.5
         max_sequence_length: int = attrs.field(default=16, validator=gt(0))
@@ -68,8 +68,8 @@ class WorldEdit(WorldTiny):
         if not self.config.path:
             if not (EDIT_MODEL / "model_index.json").exists():
                 raise FileNotFoundError(
-                    f"no edit base model at {EDIT_MODEL}; set the backbone's `path` to a saved world pipeline "
-                    "(docs/editing.md: the edit base's pre-training)"
+                    f"no edit base model at {EDIT_MODEL}; run `flowrl pretrain recipes/pretrain/world_edit.toml` "
+                    "or set the backbone's `path` to a saved world pipeline (docs/editing.md)"
                 )
             self.config = attrs.evolve(self.config, path=str(EDIT_MODEL))
         return super().load_pipeline()
