@@ -92,7 +92,7 @@ def test_the_summary_reads_non_finite_figures(tmp_path: Path) -> None:
              "eval/strict_se": 0.01, "skipped_steps": 1}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = run_summary(tmp_path)
-    assert "eval/strict: non-finite at step 0 -> 0.250 ± 0.010 at step 2 (held-out" in text
+    assert "eval/strict: non-finite at step 0 -> 0.250 ± 0.010 at step 2 (± one standard error; held-out" in text
     assert "training reward: non-finite at step 1 -> 0.500 at step 2" in text
 
 

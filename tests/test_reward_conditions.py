@@ -17,7 +17,7 @@ from conftest import ROOT, tiny_recipe
 from PIL import Image
 
 import flowrl
-from flowrl.conditions import reward_condition_problems
+from flowrl.condition_checks import reward_condition_problems
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.registry import registry
 from flowrl.trainer import train

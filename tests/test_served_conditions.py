@@ -18,7 +18,8 @@ from fastapi import FastAPI
 from PIL import Image
 from served import Brightness, in_thread, reward_in_thread
 
-from flowrl.conditions import Condition, Prompt, conditions_of, reward_condition_problems
+from flowrl.condition_checks import reward_condition_problems
+from flowrl.conditions import Condition, Prompt, conditions_of
 from flowrl.recipe import recipe_from_dict
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.http import RemoteRewardError

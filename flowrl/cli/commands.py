@@ -55,7 +55,7 @@ def train(args: argparse.Namespace) -> int:
 
 def validate(args: argparse.Namespace) -> int:
     from flowrl.backbones.lora.targets import lora_target_problems
-    from flowrl.conditions import reward_condition_problems
+    from flowrl.condition_checks import reward_condition_problems
     from flowrl.rewards.remote import server_problems
     from flowrl.trainer.trackers import tracker_problems
 

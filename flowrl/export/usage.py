@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flowrl.export.card import CardFacts
+from flowrl.export.facts import CardFacts
 
 
 def _literal(value: Any) -> str:

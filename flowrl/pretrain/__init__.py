@@ -14,7 +14,7 @@ _EXPORTS = {
     "load_pretrain_recipe": "recipe",
     "Pretrainer": "trainer",
     "PretrainResult": "trainer",
-    "pretrain": "trainer",
+    "pretrain": "run",
 }
 
 

@@ -295,13 +295,3 @@ class Pretrainer:
             "torch": torch.__version__,
         }
         (self.output_dir / "pretrain.json").write_text(json.dumps(info, indent=1) + "\n")
-
-
-def pretrain(recipe: PretrainRecipe, output_dir: str | Path | None = None, quiet: bool = False) -> PretrainResult:
-    """Pre-train as ``recipe`` says and save the pipeline into ``output_dir`` (default: the recipe's); an edit
-    recipe (``task = "edit"``) trains the edit base (:mod:`flowrl.pretrain.edit`)."""
-    if recipe.task == "edit":
-        from flowrl.pretrain.edit import EditPretrainer
-
-        return EditPretrainer(recipe, output_dir, quiet).run()
-    return Pretrainer(recipe, output_dir, quiet).run()

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from flowrl.conditions import check_reward_conditions, check_source
+from flowrl.condition_checks import check_reward_conditions
+from flowrl.conditions import check_source
 from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import generator
