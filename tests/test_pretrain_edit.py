@@ -6,17 +6,20 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 from conftest import ROOT
 
 import flowrl
 from flowrl.conditions import conditions_of
-from flowrl.pretrain import load_pretrain_recipe
+from flowrl.pretrain import PretrainRecipe, load_pretrain_recipe, pretrain
 from flowrl.pretrain.edit import EditPretrainer, pretrain_edits
 from flowrl.pretrain.model import build_backbone, load_initial_weights
+from flowrl.pretrain.recipe import EvalConfig
 from flowrl.world.components import BASE_MODEL
 from flowrl.world.edit import EDIT_KINDS, edit_split, edit_vocabulary
+from flowrl.world.edit_base import EDIT_MODEL
 
 RECIPE = ROOT / "recipes" / "pretrain" / "world_edit.toml"
 SHORT = [
@@ -89,3 +92,19 @@ def test_a_text_to_image_recipe_does_not_name_a_task() -> None:
     with pytest.raises(Exception, match="task"):
         load_pretrain_recipe(RECIPE, ["task=edits"])
 
+
+def _weights_only(recipe: PretrainRecipe) -> PretrainRecipe:
+    train = attrs.evolve(recipe.train, log_every=0, checkpoint_every=0, threads=0, device="cpu", render_workers=1)
+    return attrs.evolve(recipe, output_dir="", train=train, eval=EvalConfig())
+
+
+def test_the_shipped_edit_base_loads_without_a_path_and_was_made_by_the_recipe() -> None:
+    assert (EDIT_MODEL / "model_index.json").exists(), "run: flowrl pretrain recipes/pretrain/world_edit.toml"
+    size_mb = sum(f.stat().st_size for f in EDIT_MODEL.rglob("*") if f.is_file()) / 2**20
+    assert size_mb <= 20.0
+    backbone = flowrl.build("backbone", {"type": "world_edit_tiny"})
+    assert backbone.pixel_space and backbone.latent_shape == (16, 192)
+    tokenizer = backbone.pipe.tokenizer_2
+    assert tokenizer.unk_token_id not in tokenizer(" ".join(edit_vocabulary()))["input_ids"]
+    shipped = load_pretrain_recipe(EDIT_MODEL / "pretrain.toml")
+    assert _weights_only(shipped) == _weights_only(load_pretrain_recipe(RECIPE))
