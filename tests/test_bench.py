@@ -177,8 +177,12 @@ def test_reference_and_metric_choice(runs: dict[str, dict[int, Path]], tmp_path:
         build_results(runs, reference="nope")
     with pytest.raises(BenchError, match="metric 'eval/other' was not logged"):
         build_results(runs, metric="eval/other")
-    # Without eval/strict, the first eval/* key every run logged.
+    # Without eval/strict, eval/score; without either, the first eval/* key every run logged.
     other = {"m": {0: write_run(tmp_path / "other", [(0, 0.1), (10, 0.2)], metric="eval/accuracy")}}
+    assert build_results(other)["metric"] == "eval/score"
+    metrics = other["m"][0] / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "eval/score"}) + "\n"
+                               for line in metrics.read_text().splitlines()))
     assert build_results(other)["metric"] == "eval/accuracy"
 
 
@@ -319,7 +323,7 @@ def test_bench_cli_end_to_end(tmp_path: Path) -> None:
     for name in ("results.json", "results.md", "score_vs_nfe.png", "score_vs_wall_s.png"):
         assert (out / name).is_file(), name
     results = json.loads((out / "results.json").read_text())
-    assert results["metric"] == "eval/strict" and results["reference"] == "alpha"  # strict accuracy by default
+    assert results["metric"] == "eval/score" and results["reference"] == "alpha"  # no strict accuracy: eval/score
     assert results["bench"]["nfe_budget"] == 80 and results["bench"]["seeds"] == [0, 1]
     assert set(results["methods"]) == {"alpha", "beta"}
     for name, method in results["methods"].items():
@@ -367,7 +371,7 @@ def test_extended_run_equals_a_run_given_the_larger_budget(tmp_path: Path) -> No
     # Same operations in the same order on the same process: the losses, rewards and scores are equal exactly.
     assert rows(tmp_path / "grown") == rows(tmp_path / "fresh") and rows(tmp_path / "fresh")[-1]["step"] == 4
     final = json.loads((run / FINAL_EVAL).read_text())
-    assert final["step"] == 4 and final["eval/strict"] == fresh["methods"]["alpha"]["seeds"]["0"]["final"]["score"]
+    assert final["step"] == 4 and final["eval/score"] == fresh["methods"]["alpha"]["seeds"]["0"]["final"]["score"]
 
 
 def merge(argv: list[str]) -> int:

@@ -21,6 +21,7 @@ from flowrl.bench.errors import BenchError
 from flowrl.finite import finite_number
 
 DEFAULT_METRIC = "eval/strict"  # strict accuracy: the figure the summary, the suites and docs/world.md report
+FALLBACK_METRIC = "eval/score"  # where no strict accuracy is logged (as keep_best = "auto" chooses)
 FINAL_EVAL = "final_eval.json"  # the harness's evaluation after the last iteration (a run folder file)
 SCHEMA = 1
 
@@ -69,7 +70,8 @@ def _eval_keys(points: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def resolve_metric(requested: str | None, points: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """``requested`` if every run logged it; by default ``eval/strict``, else the first ``eval/*`` key all share."""
+    """``requested`` if every run logged it; by default ``eval/strict``, else ``eval/score``, else the first
+    ``eval/*`` key all share."""
     keys = {label: _eval_keys(p) for label, p in points.items()}
     for label, found in keys.items():
         if not found:
@@ -83,7 +85,7 @@ def resolve_metric(requested: str | None, points: Mapping[str, Sequence[Mapping[
                 raise BenchError(f"{label}: metric '{requested}' was not logged (logged: {', '.join(found)})")
         return requested
     first = next(iter(keys.values()))
-    for key in [DEFAULT_METRIC, *first]:
+    for key in [DEFAULT_METRIC, FALLBACK_METRIC, *first]:
         if all(key in found for found in keys.values()):
             return key
     raise BenchError(f"the runs share no held-out metric (first run logged: {', '.join(first)}); pass --metric")
@@ -386,7 +388,8 @@ def write_report(
     """Write ``results.json``, ``results.md`` and the plots for ``runs`` into ``out_dir``; return the results.
 
     ``runs`` maps method -> seed -> run folder; ``reference`` defaults to the first method; ``metric`` to
-    ``eval/strict`` if logged, else the first ``eval/*`` key; ``meta`` is stored as ``results["bench"]``.
+    ``eval/strict`` if logged, else ``eval/score``, else the first ``eval/*`` key; ``meta`` is stored as
+    ``results["bench"]``.
     """
     from flowrl.bench.plots import plot_curves
 

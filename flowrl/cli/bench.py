@@ -27,8 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-prompts", type=Whole(1), default=None, metavar="M",
                         help="held-out prompts per evaluation (default: the recipe's trainer.eval_prompts)")
     parser.add_argument("--metric", default=None, type=Text("eval/"),
-                        help="held-out metric to compare (default: eval/strict, strict accuracy, if logged; else the"
-                        " first eval/* key)")
+                        help="held-out metric to compare (default: eval/strict, strict accuracy, if logged; else"
+                        " eval/score; else the first eval/* key)")
     parser.add_argument("--reference", default=None, type=Text(), metavar="NAME",
                         help="recipe name the others are compared with (default: the first recipe's)")
     parser.add_argument("--set", action="append", default=[], type=KeyValue(), metavar="KEY=VALUE",
