@@ -24,7 +24,7 @@ import torch
 
 from flowrl.backbones.flux.adapter import pack_pixels
 from flowrl.conditions import Condition, Prompt, conditions_of
-from flowrl.pretrain.trainer import Pretrainer
+from flowrl.pretrain.trainer import EvalSplit, Pretrainer
 from flowrl.types import Conditioning
 from flowrl.world.edit import EDIT_KINDS, Edit, sample_edits
 from flowrl.world.grammar import PRETRAIN_SPLITS
@@ -74,32 +74,21 @@ class EditPretrainer(Pretrainer):
         sources = torch.stack([conditions_of(p)[0].tensor() for p in prompts]).to(self.backbone.device)
         return Conditioning({**cond.tensors, "source": pack_pixels(sources * 2 - 1, self.backbone.patch)})
 
-    def evaluate(self) -> dict[str, float]:
-        """Edit-verifier figures of ODE samples on balanced test- and novel-split edits (``eval.prompts`` each)."""
-        import flowrl
-        from flowrl.evaluate import evaluate
+    def eval_reward(self) -> Any:
+        """The evaluation's reward: the edit verifier (figures on test- and novel-split edits)."""
         from flowrl.rewards.built import BuiltReward
-        from flowrl.types import Schedule
-        from flowrl.world.edit_components import WorldEditPrompts, WorldEditVerifier
+        from flowrl.world.edit_components import WorldEditVerifier
 
-        e = self.recipe.eval
-        sigmas = self.backbone.schedule_sigmas(e.num_steps, e.shift)
-        schedule = Schedule(sigmas, flowrl.build("kernel", {"type": "ode"}))
-        reward = [BuiltReward("world_edit", 1.0, WorldEditVerifier(WorldEditVerifier.Config()))]
-        pipe = self.backbone.pipe
-        for module in (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2):
-            module.eval()
-        out: dict[str, float] = {}
+        return BuiltReward("world_edit", 1.0, WorldEditVerifier(WorldEditVerifier.Config()))
+
+    def eval_prompts(self, split: EvalSplit, count: int) -> list[str]:
+        from flowrl.world.edit_components import WorldEditPrompts
+
+        return list(WorldEditPrompts(WorldEditPrompts.Config(eval_split=split, eval_count=count)).heldout())
+
+    def eval_figures(self, figures: dict[str, float]) -> dict[str, float]:
         keys = ("score", "strict", "strict_se", "follow", "preserve", *(f"strict/{k}" for k in EDIT_KINDS))
-        with self.weights():
-            for split in ("test", "novel"):
-                config = WorldEditPrompts.Config(eval_split=split, eval_count=e.prompts)
-                prompts = WorldEditPrompts(config).heldout()
-                self.backbone._cache.clear()  # the text encoders have changed since the last evaluation
-                figures = evaluate(self.backbone, prompts, reward, schedule, seed=e.seed)
-                out.update({f"{split}/{key}": figures[key] for key in keys if key in figures})
-        self.backbone._cache.clear()
-        return out
+        return {key: figures[key] for key in keys if key in figures}
 
     def describe(self, figures: dict[str, Any]) -> str:
         kinds = " ".join(f"{k} {figures.get(f'test/strict/{k}', float('nan')):.2f}" for k in EDIT_KINDS)

@@ -21,6 +21,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import attrs
 import numpy as np
@@ -36,6 +37,8 @@ from flowrl.types import Conditioning
 from flowrl.world.grammar import PRETRAIN_SPLITS, sample_scenes
 from flowrl.world.render import render_batch
 
+EvalSplit = Literal["test", "novel"]
+EVAL_SPLITS: tuple[EvalSplit, ...] = ("test", "novel")  # what an evaluation during pre-training reports
 
 @attrs.define
 class PretrainResult:
@@ -175,30 +178,45 @@ class Pretrainer:
 
     def evaluate(self) -> dict[str, float]:
         """Verifier figures of ODE samples on balanced test- and novel-split prompts (``eval.prompts`` each):
-        ``test/score``, ``test/strict``, ``test/strict/single`` (single objects), ``novel/score``, ..."""
+        ``test/score``, ``test/strict``, ``test/strict/single`` (single objects), ``novel/score``, ... (what
+        :meth:`eval_reward`, :meth:`eval_prompts` and :meth:`eval_figures` say)."""
         import flowrl
         from flowrl.evaluate import evaluate
-        from flowrl.rewards.built import BuiltReward
         from flowrl.types import Schedule
-        from flowrl.world.components import WorldPrompts, WorldVerifier
 
         e = self.recipe.eval
         sigmas = self.backbone.schedule_sigmas(e.num_steps, e.shift)
         schedule = Schedule(sigmas, flowrl.build("kernel", {"type": "ode"}))
-        reward = [BuiltReward("world", 1.0, WorldVerifier(WorldVerifier.Config()))]
+        reward = [self.eval_reward()]
         pipe = self.backbone.pipe
         for module in (pipe.transformer, pipe.text_encoder, pipe.text_encoder_2):
             module.eval()
         out: dict[str, float] = {}
         with self.weights():
-            for split in ("test", "novel"):
-                prompts = WorldPrompts(WorldPrompts.Config(eval_split=split, eval_count=e.prompts)).heldout()
+            for split in EVAL_SPLITS:
+                prompts = self.eval_prompts(split, e.prompts)
                 self.backbone._cache.clear()  # the text encoders have changed since the last evaluation
                 figures = evaluate(self.backbone, prompts, reward, schedule, seed=e.seed)
-                for key in ("score", "strict", "strict/single"):
-                    out[f"{split}/{key}"] = figures[key]
+                out.update({f"{split}/{key}": value for key, value in self.eval_figures(figures).items()})
         self.backbone._cache.clear()
         return out
+
+    def eval_reward(self) -> Any:
+        """The evaluation's reward: the world's verifier."""
+        from flowrl.rewards.built import BuiltReward
+        from flowrl.world.components import WorldVerifier
+
+        return BuiltReward("world", 1.0, WorldVerifier(WorldVerifier.Config()))
+
+    def eval_prompts(self, split: EvalSplit, count: int) -> list[str]:
+        """``count`` balanced held-out prompts of ``split``."""
+        from flowrl.world.components import WorldPrompts
+
+        return WorldPrompts(WorldPrompts.Config(eval_split=split, eval_count=count)).heldout()
+
+    def eval_figures(self, figures: dict[str, float]) -> dict[str, float]:
+        """The figures of one split the log keeps."""
+        return {key: figures[key] for key in ("score", "strict", "strict/single")}
 
     def save(self, folder: Path) -> None:
         """``save_pretrained`` (fp32 safetensors) with the weights of :meth:`weights`."""
