@@ -29,5 +29,6 @@ from flowrl.suites import geneval as geneval_suite  # noqa: F401
 from flowrl.suites import geneval2 as geneval2_suite  # noqa: F401
 from flowrl.suites import t2icompbench as t2icompbench_suite  # noqa: F401
 from flowrl.suites import unigenbench as unigenbench_suite  # noqa: F401
+from flowrl.suites import world_edit as world_edit_suite  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401
 from flowrl.world import edit_base, edit_components  # noqa: F401

@@ -230,3 +230,25 @@ def test_shards_from_a_bad_environment_are_one_line(env: dict, named: str, tmp_p
     assert _run("run", "world", EGRPO, "--out", str(tmp_path / "o"), "--prompts", "2", *FAST) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0], err
+
+
+def test_the_world_edit_suite_reproduces_flowrl_eval_on_the_edit_world(tmp_path: Path) -> None:
+    """Conditions through a suite: each item carries its source image into generation and scoring, and the figures
+    are flowrl eval's on the same held-out edits, exactly; the prompt hashes see the source images."""
+    from flowrl.loading import load_policy
+    from flowrl.suites.comparability import item_hash
+    from flowrl.suites.interface import Item
+
+    recipe = str(ROOT / "recipes" / "edit" / "egrpo.toml")
+    out = tmp_path / "out"
+    assert _run("run", "world_edit", recipe, "--out", str(out), "--prompts", "10", "--quiet", "--batch", "4") == 0
+    summary = _summary(out / "egrpo-initial" / "world_edit")
+    expected = load_policy(Path(recipe)).evaluate(limit=10)
+    for key in ("strict", "score", "follow", "preserve"):
+        assert summary["figures"][key] == pytest.approx(expected[key], rel=1e-12, abs=1e-12), key
+    assert summary["per_prompt"][0]["strict"] in (0.0, 1.0) and not summary["comparable"]  # a subset of 10
+    from flowrl.suites.world_edit import WorldEditSuite
+
+    first, second = WorldEditSuite(WorldEditSuite.Config(count=10)).items()[:2]
+    swapped = Item(type(first.prompt)(str(first.prompt), second.prompt.conditions), first.category)
+    assert item_hash(swapped) != item_hash(first)  # the same instruction on another source is another prompt

@@ -22,8 +22,13 @@ NOISE_KEYS = ("noise", "seed", "images", "resolution")  # what decides each imag
 
 
 def item_hash(item: Item) -> str:
-    """A prompt's identity: its text, category and the metadata its scorer reads."""
-    text = json.dumps([item.prompt, item.category, item.meta], sort_keys=True, default=str)
+    """A prompt's identity: its text, its condition images (their pixel digests), category and the metadata its
+    scorer reads."""
+    from flowrl.conditions import conditions_of
+
+    images = [c.key for c in conditions_of(item.prompt)]
+    text = json.dumps([str(item.prompt), item.category, item.meta, *([images] if images else [])], sort_keys=True,
+                      default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 

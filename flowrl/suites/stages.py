@@ -221,7 +221,8 @@ def score(suite: Suite, folder: Path, batch: int = 32, quiet: bool = False,
     scored = {str(r["key"]): r for r in read_jsonl(scores_path)}
     todo = [rows[key] for key in sorted(rows) if key not in scored]
     for row in todo:
-        if not 0 <= int(row["prompt_index"]) < len(items) or items[int(row["prompt_index"])].prompt != row["prompt"]:
+        index = int(row["prompt_index"])
+        if not 0 <= index < len(items) or str(items[index].prompt) != row["prompt"]:
             raise SuiteError(f"{folder}: image {row['key']} was made for another prompt set (prompt "
                              f"{row['prompt']!r}); score it with the suite it was generated with")
     if todo:
