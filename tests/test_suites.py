@@ -15,12 +15,12 @@ from conftest import ROOT
 
 import flowrl
 from flowrl.cli.main import main
-from flowrl.suites.compare import mean_interval, paired, t_quantile
 from flowrl.suites.data import fetch
 from flowrl.suites.geneval import world_detector, world_metadata
 from flowrl.suites.geneval_rules import Detected, geneval_score, judge, relative_position
 from flowrl.suites.interface import Item
 from flowrl.suites.protocol import Protocol, initial_noise
+from flowrl.suites.stats import interval, paired, t_quantile
 from flowrl.world.grammar import enumerate_scenes, parse
 from flowrl.world.render import render
 
@@ -110,9 +110,10 @@ def test_paired_test_and_intervals_agree_with_scipy_formulas() -> None:
     assert math.isclose(ours["t"], ref.statistic, rel_tol=1e-9)
     assert math.isclose(ours["p"], ref.pvalue, rel_tol=1e-7)
     assert math.isclose(t_quantile(0.05, 29), scipy.t.ppf(0.975, 29), rel_tol=1e-9)
-    mean, half = mean_interval(a)
+    cell = interval(a, None, proportion=False, images=30)  # a figure that is not a proportion: the t interval
+    half = cell["high"] - cell["mean"]
     assert math.isclose(half, scipy.t.ppf(0.975, 29) * statistics.stdev(a) / math.sqrt(30), rel_tol=1e-9)
-    assert mean == statistics.fmean(a)
+    assert cell["mean"] == statistics.fmean(a) and math.isclose(cell["mean"] - cell["low"], half, rel_tol=1e-9)
 
 
 def test_paired_test_by_hand() -> None:

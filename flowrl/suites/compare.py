@@ -18,9 +18,7 @@ from typing import Any
 
 from flowrl.suites.comparability import pairing
 from flowrl.suites.stages import SUMMARY, SuiteError
-from flowrl.suites.stats import interval, mean_interval, paired, t_quantile
-
-__all__ = ["compare", "markdown", "plot", "cell_text", "load_summary", "mean_interval", "paired", "t_quantile"]
+from flowrl.suites.stats import interval, paired
 
 LEGEND = ("Each cell: the figure over the column's prompts, and its 95% interval [low, high] (Wilson's for a "
           "proportion, with the effective n of images clustered in prompts; Student's t otherwise). Later columns "

@@ -43,15 +43,6 @@ def t_quantile(p: float, df: float) -> float:
     return (low + high) / 2
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float, float]:
-    """The mean and the half-width of its 95% t interval (NaN below two values)."""
-    n = len(values)
-    mean = statistics.fmean(values) if n else math.nan
-    if n < 2:
-        return mean, math.nan
-    return mean, t_quantile(0.05, n - 1) * statistics.stdev(values) / math.sqrt(n)
-
-
 def estimate(values: Sequence[float], strata: Sequence[str] | None = None) -> tuple[float, float, float]:
     """The headline of per-prompt ``values`` and its standard error and degrees of freedom: the mean over prompts
     (``strata`` None), or the mean over strata of each stratum's mean. NaN where the spread cannot be estimated
