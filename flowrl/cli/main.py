@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 import traceback
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from collections.abc import Sequence
@@ -167,13 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message if message.startswith(("recipe error", "error")) else f"error: {message}", file=sys.stderr)
         return 2
     except OSError as error:  # a write the file system refused (full, read-only, quota) in any command: one line
-        from flowrl.trainer.writes import REFUSALS
+        from flowrl.trainer.writes import REFUSALS, refused
 
-        if error.errno not in REFUSALS:
+        found = refused(error, Path(error.filename or "."), "free space or choose another folder, then run the command"
+                        " again") if error.errno in REFUSALS else None
+        if found is None:
             raise
-        verb = "use" if error.errno in (errno.EACCES, errno.EPERM) else "write"
-        print(f"error: cannot {verb} {error.filename or 'a file'}: {REFUSALS[error.errno]}; free space or choose "
-              "another folder, then run the command again", file=sys.stderr)
+        print(f"error: {found}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as interrupt:  # 128 + the signal number, as a shell reports it
         print("interrupted", file=sys.stderr)

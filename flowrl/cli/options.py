@@ -275,23 +275,15 @@ UNWRITABLE = "/sys/flowrl-test/out"  # refused even to root: sysfs takes no new 
 
 
 def probe_writable(folder: Path) -> None:
-    """Refuse a folder no file can be written into (read-only, unwritable, full), before any model loads: a probe
-    file is written into the folder, or into its nearest existing parent when the folder is still to be made,
-    and removed again (root passes permission bits, so only writing tells)."""
-    import errno
-    import os
-
-    from flowrl.trainer.writes import REFUSALS
+    """Refuse a folder no file can be written into (read-only, unwritable, full), before any model loads: the
+    probe goes into the folder, or into its nearest existing parent when the folder is still to be made."""
+    from flowrl.trainer.writes import write_probe
 
     here = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if here is None or not here.is_dir():
         return  # a file in the way: the caller's own check names it
-    probe = here / f".flowrl-probe-{os.getpid()}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        cause = REFUSALS.get(error.errno or errno.EIO, error.strerror or str(error))
+    cause = write_probe(here)
+    if cause is not None:
         _refuse(f"{folder}: cannot write there ({cause})")
 
 

@@ -201,7 +201,7 @@ def run_command(args: argparse.Namespace) -> int:
                         " with --tag")
     shard = _shard(args.shard)
     out = Path(args.out) if args.out else default_out(split_column(args.paths[0])[0])
-    if shard[0] == 0:  # one process probes (another's probe folder could vanish under it)
+    if not args.out and shard[0] == 0:  # a given --out was probed with the command line; one process probes
         check_writable(out, "--out")  # before any model loads
     folders = [out / tag / name for tag in tags]
     # what makes the images (run.json; another value is another result) and what scores them (scoring.json)
@@ -272,13 +272,9 @@ def write_comparison(folders: list[Path], out: Path) -> dict[str, Any]:
 
 def compare_command(args: argparse.Namespace) -> int:
     from flowrl.suites.compare import compare, markdown
-    from flowrl.trainer.writes import check_writable
 
     folders = [Path(f) for f in args.folders]
-    if args.out:
-        check_writable(Path(args.out), "--out")
-        result = write_comparison(folders, Path(args.out))
-    else:
-        result = compare(folders)
+    # a given --out was probed with the command line (flowrl.cli.options.OutputFolder)
+    result = write_comparison(folders, Path(args.out)) if args.out else compare(folders)
     print(markdown(result))
     return 0

@@ -43,35 +43,55 @@ def refusal(error: BaseException, path: Path) -> str | None:
     return "the disk is full" if free < FULL_BELOW else None
 
 
+def refused(error: BaseException, path: Path, then: str) -> WriteRefused | None:
+    """``error`` as a :class:`WriteRefused` naming the file (the error's own, else ``path``), the cause and ``then``
+    (what to do next); None when it is no refused write."""
+    cause = refusal(error, Path(path))
+    if cause is None:
+        return None
+    named = getattr(error, "filename", None) or path
+    code = error.errno if isinstance(error, OSError) else None
+    verb = "cannot use" if code in (errno.EACCES, errno.EPERM) else "cannot write"  # a read may meet these too
+    return WriteRefused(f"{verb} {named}: {cause}; {then}")
+
+
 @contextmanager
 def refused_writes(path: Path, then: str) -> Iterator[None]:
-    """Turn a write the file system refuses under ``path`` into a :class:`WriteRefused` naming the file (the
-    error's own, else ``path``), the cause and ``then`` (what to do next); any other error passes unchanged."""
+    """Turn a write the file system refuses under ``path`` into a :class:`WriteRefused` (:func:`refused`); any
+    other error passes unchanged."""
     try:
         yield
     except WriteRefused:
         raise
     except Exception as error:
-        cause = refusal(error, Path(path))
-        if cause is None:
+        found = refused(error, Path(path), then)
+        if found is None:
             raise
-        named = getattr(error, "filename", None) or path
-        code = error.errno if isinstance(error, OSError) else None
-        verb = "cannot use" if code in (errno.EACCES, errno.EPERM) else "cannot write"  # a read may meet these too
-        raise WriteRefused(f"{verb} {named}: {cause}; {then}") from error
+        raise found from error
+
+
+def write_probe(folder: Path) -> str | None:
+    """Why no file can be written into the existing ``folder`` (None: one can): a probe file is written and removed
+    again (root passes permission bits, so only writing tells)."""
+    probe = folder / f".flowrl-probe-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        return REFUSALS.get(error.errno or 0, error.strerror or str(error))
+    return None
 
 
 def check_writable(folder: Path, option: str) -> None:
-    """Create ``folder``, write a probe file in it and remove both again, before any model loads: a
-    :class:`WriteRefused` naming ``option`` where that fails (root passes permission bits, so only writing tells)."""
+    """Create ``folder``, write a probe file in it (:func:`write_probe`) and remove both again, before any model
+    loads: a :class:`WriteRefused` naming ``option`` where that fails."""
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # removed again: nothing is left behind
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".flowrl-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        cause = write_probe(folder)
         for created in made:
             created.rmdir()
     except OSError as error:
         cause = REFUSALS.get(error.errno or 0, error.strerror or str(error))
-        raise WriteRefused(f"{option} {folder}: cannot write there ({cause}); choose another {option}") from None
+    if cause is not None:
+        raise WriteRefused(f"{option} {folder}: cannot write there ({cause}); choose another {option}")
