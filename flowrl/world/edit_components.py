@@ -27,8 +27,10 @@ LAYOUT_SEED = 20261216  # fixes each training edit's source drawings
 @register("prompts", "world_edit")
 class WorldEditPrompts(PromptSource):
     """The world's edit task: each prompt is an instruction with its rendered source image. RL trains on the
-    ``train`` edits (each drawn in one of ``layouts`` fixed source layouts); evaluation uses a fixed set from
-    ``eval_split`` whose kinds take turns, each source drawn once (docs/editing.md)."""
+    ``train`` edits, the kind drawn uniformly, then an edit of that kind, then one of its ``layouts`` fixed source
+    drawings (the kinds are as frequent as in evaluation; drawn uniformly over all edits, count changes would be
+    1% of the draws and recolours 43%); evaluation uses a fixed set from ``eval_split`` whose kinds take turns,
+    each source drawn once (docs/editing.md)."""
 
     @attrs.frozen
     class Config:
@@ -41,6 +43,8 @@ class WorldEditPrompts(PromptSource):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.train = enumerate_edits("train", config.kinds)
+        kinds = list(dict.fromkeys(config.kinds))
+        self._by_kind = [[i for i, e in enumerate(self.train) if e.kind == k] for k in kinds]
         edits = balanced_edits(config.eval_split, config.eval_count, config.eval_seed, config.kinds)
         rng = [np.random.default_rng((config.eval_seed, i)) for i in range(len(edits))]
         self._heldout = [_prompt(e, render_edit(e, r)[0]) for e, r in zip(edits, rng, strict=True)]
@@ -51,8 +55,14 @@ class WorldEditPrompts(PromptSource):
         return "all"
 
     def sample(self, n: int, generator: torch.Generator) -> list[str]:
-        index = torch.randint(len(self.train) * self.config.layouts, (n,), generator=generator)
-        return [self._training(int(i)) for i in index]
+        kinds = torch.randint(len(self._by_kind), (n,), generator=generator).tolist()
+        picks = torch.rand(n, generator=generator, dtype=torch.float64).tolist()
+        layouts = torch.randint(self.config.layouts, (n,), generator=generator).tolist()
+        out = []
+        for kind, pick, layout in zip(kinds, picks, layouts, strict=True):
+            pool = self._by_kind[kind]
+            out.append(self._training(pool[min(int(pick * len(pool)), len(pool) - 1)] * self.config.layouts + layout))
+        return out
 
     def _training(self, i: int) -> str:
         if i not in self._drawn:

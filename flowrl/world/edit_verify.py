@@ -9,13 +9,20 @@ should stand, and two lists of constraints:
   the old one; ``add``: exactly one new object, in its relation to the anchor; ``remove``: none of the named
   objects left; ``count``: the named objects exactly as many as asked; ``move``: the mover in its new relation to
   the other object.
+- **no trace**: where the source showed an object the edit takes away from its place (a removed, moved or
+  recoloured object; a copy a falling count drops), the result keeps no faint copy of it: the old colour's mean
+  coverage over the object's source pixels (but those the result gives to another colour) stays under
+  :data:`TRACE` (the detector's own floor for background noise). Without it a half-faded ghost of a moved or
+  removed object (a blend of source and target at 60-70%) passed as a clean edit. A result judged from
+  detections alone (:func:`check_edit` without ``maps``) is not checked for traces.
 - **preserve**: every source object the edit keeps is found with its colour and shape (a recoloured object in its
   new colour) within :data:`POSITION_TOLERANCE` pixels of where it was; a count change keeps as many of the
   source's copies as it can (all of them when the count rises, the new count when it falls).
 
 Every detected object beyond those the result should hold is *extra* (an unasked colour or shape, a blob with no
 shape, one too many of a named object), as in the text-to-image verifier. ``strict`` is 1 when every constraint
-is met and nothing is extra. ``score = follow x preserve`` with ``follow = met / constraints`` and
+is met and nothing is extra. ``score = follow x preserve`` with ``follow = met / constraints`` (the traces
+count among the follow constraints) and
 ``preserve = max(0, met - extra) / constraints`` (1 or 0 by ``extra`` when the edit keeps nothing): an image
 that copies the source follows nothing and scores 0, an image that follows the instruction but loses or moves
 what it should keep, or adds clutter, loses the preservation credit, and clutter never pays.
@@ -32,12 +39,14 @@ import attrs
 import numpy as np
 
 from flowrl.world.edit import Instruction, parse_instruction
-from flowrl.world.grammar import ObjectGroup
-from flowrl.world.verify import RELATION_MARGIN, Detection, _detect_batch, _relation_met
+from flowrl.world.grammar import COLOUR_NAMES, ObjectGroup
+from flowrl.world.verify import RELATION_MARGIN, SOFT_FLOOR, Detection, _relation_met, analyse_batch
 
 POSITION_TOLERANCE = 3.0  # pixels at 32 x 32: how far a kept object's centroid may move
+TRACE = SOFT_FLOOR  # mean coverage of a vacated place's old colour from which a faint copy counts as left there
 
 Pair = tuple[str, str | None]
+Maps = tuple[Any, Any, Any]  # the result's colour map (H, W) and coverage (C, H, W), the source's colour map (H, W)
 
 
 @attrs.frozen
@@ -87,10 +96,27 @@ def _source_group(source: Sequence[Detection], group: ObjectGroup, role: str) ->
     return mine
 
 
+def _trace(place: Detection, maps: Maps) -> float:
+    """The old colour's mean coverage in the result over ``place``'s source pixels (those the result gives to
+    another colour count as none: a recoloured object, or another object drawn over the place)."""
+    result_cmap, result_cover, source_cmap = maps
+    k = COLOUR_NAMES.index(place.colour)
+    x0, y0, x1, y1 = place.box
+    mine = source_cmap[y0 : y1 + 1, x0 : x1 + 1] == k
+    there = result_cmap[y0 : y1 + 1, x0 : x1 + 1]
+    free = mine & ((there < 0) | (there == k))
+    return float(result_cover[k, y0 : y1 + 1, x0 : x1 + 1][free].sum() / max(int(mine.sum()), 1))
+
+
 def check_edit(
-    result: Sequence[Detection], source: Sequence[Detection], instruction: Instruction | str, size: int = 32
+    result: Sequence[Detection],
+    source: Sequence[Detection],
+    instruction: Instruction | str,
+    size: int = 32,
+    maps: Maps | None = None,
 ) -> EditVerdict:
-    """Score a result's detections against the source's and the instruction (see the module docstring)."""
+    """Score a result's detections against the source's and the instruction (see the module docstring);
+    ``maps`` (the result's colour map and coverage, the source's colour map) adds the trace constraints."""
     ins = _instruction(instruction) if isinstance(instruction, str) else instruction
     tolerance, margin = POSITION_TOLERANCE * size / 32.0, RELATION_MARGIN * size / 32.0
     named = ins.named.pair
@@ -130,6 +156,14 @@ def check_edit(
         movers = [d for d in result if d.pair == named]
         met = _relation_met(ins.relation, movers, [d for d in result if d.pair == other], margin)
         follow.append((f"{_name(named)} {ins.relation} the {_name(other)}", met))
+    if maps is not None and ins.kind != "add":  # no faint copy where an object was taken away
+        vacated = [d for d in source if d.pair == named]
+        if ins.kind == "count":  # a falling count: the copies the result did not keep in place
+            vacated = [d for d in vacated if kept_at_least and not _near(result, named, d.centroid, tolerance)]
+        follow += [
+            (f"no trace of {_name(named)} at ({d.centroid[0]:.0f}, {d.centroid[1]:.0f})", _trace(d, maps) < TRACE)
+            for d in vacated
+        ]
     acted_on = {named} if ins.kind != "add" else set()
     keep += [(d.pair, d.centroid) for d in source if d.shape is not None and d.pair not in acted_on]
     preserve = [(f"{_name(p)} kept at ({at[0]:.0f}, {at[1]:.0f})", _near(result, p, at, tolerance)) for p, at in keep]
@@ -154,9 +188,12 @@ def verify_edit_batch(results: Any, sources: Any, instructions: Sequence[Instruc
     """One :class:`EditVerdict` per result of a batch; ``results`` and ``sources`` are batches as
     :func:`~flowrl.world.verify.verify_batch` takes them (a torch tensor ``(B, 3, H, W)`` in [0, 1], or
     ``(B, H, W, 3)`` uint8), each detected in batched passes."""
-    found, size = _detect_batch(results, len(instructions))
-    shown, _ = _detect_batch(sources, len(instructions))
-    return [check_edit(r, s, i, size) for r, s, i in zip(found, shown, instructions, strict=True)]
+    found, size, (cmaps, covers) = analyse_batch(results, len(instructions))
+    shown, _, (source_cmaps, _) = analyse_batch(sources, len(instructions))
+    return [
+        check_edit(r, s, i, size, (cmaps[b], covers[b], source_cmaps[b]))
+        for b, (r, s, i) in enumerate(zip(found, shown, instructions, strict=True))
+    ]
 
 
 def score_edit_batch(

@@ -301,6 +301,13 @@ def detect_batch(images: Any) -> list[list[Detection]]:
 
 def _detect_batch(images: Any, expected: int | None) -> tuple[list[list[Detection]], int]:
     """Each image's detections and the images' side; ``expected``: the batch size the caller needs."""
+    found, size, _ = analyse_batch(images, expected)
+    return found, size
+
+
+def analyse_batch(images: Any, expected: int | None) -> tuple[list[list[Detection]], int, tuple[Any, Any]]:
+    """Each image's detections, the images' side and their colour maps ``(B, H, W)`` (-1: no colour's member)
+    with each colour's coverage ``(B, C, H, W)``; ``expected``: the batch size the caller needs."""
     if hasattr(images, "detach"):
         images = images.detach().float().cpu().numpy()
     arr = np.asarray(images)
@@ -308,12 +315,12 @@ def _detect_batch(images: Any, expected: int | None) -> tuple[list[list[Detectio
         wanted = "" if expected is None else f" of {expected} images"
         raise ValueError(f"expected a (B, ...) batch{wanted}, got shape {arr.shape}")
     if not len(arr):
-        return [], 0
+        return [], 0, (np.zeros((0, 0, 0), np.int8), np.zeros((0, len(COLOUR_NAMES), 0, 0), np.float32))
     rgbs = np.stack([_as_rgb255(image) for image in arr])
     cmaps, covers = _analyse(rgbs)  # batched passes over the whole batch
     labels = label_components(cmaps)
     found = [_objects(cmap, cover, lab) for cmap, cover, lab in zip(cmaps, covers, labels, strict=True)]
-    return found, int(rgbs.shape[1])
+    return found, int(rgbs.shape[1]), (cmaps, covers)
 
 
 def score_batch(images: Any, scenes: Sequence[Scene]) -> tuple[np.ndarray, np.ndarray]:
