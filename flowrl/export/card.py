@@ -1,6 +1,8 @@
 """The model card of an exported checkpoint: a README.md with the YAML front matter model hubs read (licence,
 base model, library, pipeline tag, tags) and a body a colleague reads (the method as parts, the held-out
-figures with their intervals, the sample grid and its prompts, how to load the weights, the licence).
+figures with their intervals, the sample grid and its prompts, how to load the weights, the licence). For a base
+that takes condition images (an edit base) it says so, from the base's ``accepts()``: the pipeline tag is
+``image-to-image``, the intro names what each prompt brings, the grid's rows start with their source image.
 
 Every figure comes from the run folder (``metrics.jsonl``, ``RUN/suites``); nothing is typed in. The code under
 "Use" runs as written in the exported folder (:mod:`~flowrl.export.usage`); pasted markdown (the suites' tables)
@@ -39,13 +41,37 @@ def _figure_rows(figures: Sequence[Figure], step: int) -> list[str]:
     return rows
 
 
+def _pipeline_tag(facts: CardFacts) -> str:
+    """The hubs' task: a base that takes condition images makes images (an edit) or clips from an image."""
+    if facts.conditioned:
+        return "image-to-video" if facts.video else "image-to-image"
+    return "text-to-video" if facts.video else "text-to-image"
+
+
+def conditions_note(facts: CardFacts) -> list[str]:
+    """For a base that takes condition images (an edit base): what it is and what each prompt must bring, from
+    the base's ``accepts()`` (its ConditionSpec); nothing for a text-to-image base."""
+    if not facts.conditioned:
+        return []
+    takes = facts.takes
+    what = "an image-to-video model" if facts.video else "an image-editing model"
+    text = "a text" if facts.video else "an instruction"
+    result = "the clip" if facts.video else "the edited image"
+    modes = " or ".join(takes.modes) if takes.modes else "any mode"
+    optional = "" if takes.count[0] else " (optional: a prompt without one is generated from the text alone)"
+    return [f"**This is {what}.** Each prompt is {text} with {takes.described}, {modes}{optional}, and the model "
+            f"generates {result} from both, as the base `{facts.base}` declares; pass the image with the prompt "
+            "(`--image` below).", ""]
+
+
 def _front_matter(facts: CardFacts) -> list[str]:
-    tags = ["flowrl", "reinforcement-learning", facts.name, *(["lora"] if facts.lora else [])]
+    tags = ["flowrl", "reinforcement-learning", facts.name, *(["lora"] if facts.lora else []),
+            *(["image-editing"] if facts.conditioned and not facts.video else [])]
     matter = {
         "license": facts.licence,
         **({"base_model": facts.base} if facts.base_is_hub_id else {}),
         "library_name": "diffusers",
-        "pipeline_tag": "text-to-video" if facts.video else "text-to-image",
+        "pipeline_tag": _pipeline_tag(facts),
         "tags": tags,
     }
     # JSON values are valid YAML scalars and lists, so every value is quoted as the hubs' parsers expect
@@ -101,6 +127,7 @@ def model_card(facts: CardFacts) -> str:
         "",
         _intro(facts, parts, rewards),
         "",
+        *conditions_note(facts),
         "## Held-out figures",
         "",
     ]
@@ -120,9 +147,17 @@ def model_card(facts: CardFacts) -> str:
         for table in facts.suites:  # their own headings go under this section's (H1 -> H3, H2 -> H4)
             lines += [demote_headings(table.strip(), 3), ""]
     if facts.sample_file:
-        lines += ["## Samples", "", f"![samples]({facts.sample_file})", "",
-                  "One row per prompt, top to bottom (deterministic ODE samples, seed 0):", ""]
-        lines += [f"{i}. {prompt}" for i, prompt in enumerate(facts.sample_prompts, 1)]
+        lines += ["## Samples", "", f"![samples]({facts.sample_file})", ""]
+        if any(facts.sample_sources):
+            meaning = facts.takes.meaning[0] if facts.takes.meaning else "the condition image"
+            lines += [f"One row per prompt, top to bottom: {meaning} first (its file in `sources/`), then the results "
+                      "(deterministic ODE samples, seed 0):", ""]
+            lines += [f"{i}. {prompt}" + (f" (`{'`, `'.join(files)}`)" if files else "")
+                      for i, (prompt, files) in enumerate(zip(facts.sample_prompts, facts.sample_sources,
+                                                              strict=True), 1)]
+        else:
+            lines += ["One row per prompt, top to bottom (deterministic ODE samples, seed 0):", ""]
+            lines += [f"{i}. {prompt}" for i, prompt in enumerate(facts.sample_prompts, 1)]
         lines.append("")
     lines += usage(facts)
     lines += ["## Licence", "", facts.licence_note, ""]

@@ -9,6 +9,16 @@ import attrs
 
 
 @attrs.frozen
+class Takes:
+    """What the base takes besides the text, for the card (``count == (0, 0)``: a text-to-image base)."""
+
+    count: tuple[int, int] = (0, 0)  # at least, at most
+    modes: tuple[str, ...] = ()
+    meaning: tuple[str, ...] = ()  # one phrase per position ("the source image")
+    described: str = ""  # ConditionSpec.describe(): "exactly 1 image (the source image)"
+
+
+@attrs.frozen
 class Figure:
     """One held-out figure at the initial policy and at the exported checkpoint (None where not evaluated)."""
 
@@ -48,6 +58,14 @@ class CardFacts:
     torch_dtype: str = ""  # the base's dtype for the diffusers code (float32, bfloat16, float16), "" for none
     call: tuple[tuple[str, Any], ...] = ()  # keyword arguments of the pipeline call: flowrl's evaluation settings
     example_prompt: str = "a photo"  # the prompt of the code's example
+    takes: Takes = Takes()  # the condition images the base takes with the text (none: a text-to-image base)
+    sample_sources: tuple[tuple[str, ...], ...] = ()  # each grid row's condition images in the folder (sources/)
+    example_images: tuple[str, ...] = ()  # the example prompt's condition images in the folder (its --image)
+
+    @property
+    def conditioned(self) -> bool:
+        """The base takes condition images (an edit base: a source image with each instruction)."""
+        return self.takes.count[1] > 0
 
     @property
     def initial(self) -> bool:

@@ -24,6 +24,7 @@ import attrs
 
 from flowrl.errors import UserError
 from flowrl.export.card import CardFacts, Figure, model_card
+from flowrl.export.conditions import source_files, takes
 from flowrl.export.manifest import BASE_FOLDER, Manifest, is_exported
 from flowrl.export.scrub import hub_id_of_cache_folder, leaks, machine_paths, portable_recipe, scrub_configs
 from flowrl.trainer.runfolder import read_metrics
@@ -62,7 +63,7 @@ def base_licence(backbone_type: str, base: str) -> tuple[str, str]:
     """(licence, a sentence on where it comes from) for the base model: flowrl's own for its built-in models, the
     base's model card where one is on this machine (a local folder's README.md, or the hub cache's), else
     "other" with a pointer to the base's page."""
-    if backbone_type == "world_tiny" or backbone_type.startswith("tiny_"):
+    if backbone_type in ("world_tiny", "world_edit_tiny") or backbone_type.startswith("tiny_"):
         return BUILT_IN_LICENCE, (f"`{backbone_type}` is one of flowrl's own models (built or pre-trained by flowrl's"
                                   " code), under flowrl's licence, Apache-2.0; so is this folder.")
     readme: Path | None = Path(base) / "README.md" if Path(base).is_dir() else None
@@ -126,10 +127,16 @@ def _write_weights(loaded: Any, staging: Path, full_weights: bool) -> None:
 
 
 def _write_samples(loaded: Any, staging: Path, prompts: Sequence[str], per_prompt: int) -> str:
+    """The sample grid, a row per prompt; where the prompts carry condition images (an edit's source), each row
+    starts with its prompt's source (:func:`~flowrl.export.conditions.with_sources`)."""
+    from flowrl.conditions import conditions_of
+    from flowrl.export.conditions import with_sources
     from flowrl.trainer.logger import save_grid_animation, save_grid_png
     from flowrl.video import is_clip
 
     images = loaded.images([p for p in prompts for _ in range(per_prompt)], seed=0)
+    if any(conditions_of(p) for p in prompts):
+        images = with_sources(images, prompts, per_prompt)
     if not is_clip(images):
         save_grid_png(images, rows=len(prompts), path=staging / "samples.png")
         return "samples.png"
@@ -203,12 +210,23 @@ def _copy_base(base: Base, staging: Path) -> None:
     shutil.copytree(Path(base.ref), staging / BASE_FOLDER, ignore=shutil.ignore_patterns(".*"))
 
 
+def _example(loaded: Any, rows: Sequence[str]) -> str:
+    """The prompt of the card's example: the first sample row, else the first held-out prompt; for a base that
+    takes condition images, the first of those with some (the example passes its source with ``--image``)."""
+    from flowrl.conditions import conditions_of
+
+    candidates = [*rows, *(loaded.prompts.heldout() or [])] or ["a photo"]
+    if takes(loaded.recipe.parts["backbone"]).count[1]:
+        return next((p for p in candidates if conditions_of(p)), candidates[0])
+    return candidates[0]
+
+
 def _facts(loaded: Any, run: Path | None, base: Base, source: Path, rows: Sequence[str], sample_file: str,
-           full_weights: bool, licence: tuple[str, str]) -> CardFacts:
+           full_weights: bool, licence: tuple[str, str], example: str,
+           sources: tuple[tuple[tuple[str, ...], ...], tuple[str, ...]]) -> CardFacts:
     recipe = loaded.recipe
     last = read_metrics(run / "metrics.jsonl")[-1] if run is not None and (run / "metrics.jsonl").is_file() else {}
     loader, why = _loader(loaded, base)
-    held = (loaded.prompts.heldout() or [])[:1]
     return CardFacts(
         name=recipe.name, base=base.shown, base_is_hub_id=base.kind == "hub", licence=licence[0],
         licence_note=licence[1],
@@ -224,7 +242,8 @@ def _facts(loaded: Any, run: Path | None, base: Base, source: Path, rows: Sequen
         checkpoint=source.name, loader=loader, base_ref=base.recipe_path, not_diffusers=why,
         torch_dtype=str(getattr(loaded.backbone.config, "dtype", "") or ""),
         call=_generation_settings(loaded) if loader == "diffusers" else (),
-        example_prompt=(list(rows) or held or ["a photo"])[0],
+        example_prompt=str(example), takes=takes(recipe.parts["backbone"]),
+        sample_sources=sources[0], example_images=sources[1],
     )
 
 
@@ -264,13 +283,15 @@ def export_checkpoint(
     try:
         # the samples first: merging a LoRA (--full-weights) changes the loaded transformer in place
         sample_file = _write_samples(loaded, staging, rows, per_prompt) if rows and per_prompt > 0 else ""
+        example = _example(loaded, rows)  # its condition images are in the folder: the card's --image runs there
+        sources = source_files(rows if sample_file else [], example, staging)
         _write_weights(loaded, staging, full_weights)
         if base.kind == "folder":
             _copy_base(base, staging)
         recipe_text = (source / "recipe.toml").read_text(encoding="utf-8")
         (staging / "recipe.toml").write_text(portable_recipe(recipe_text, base.recipe_path, Path.cwd()),
                                              encoding="utf-8")
-        facts = _facts(loaded, run, base, source, rows, sample_file, full_weights, licence)
+        facts = _facts(loaded, run, base, source, rows, sample_file, full_weights, licence, example, sources)
         (staging / "README.md").write_text(model_card(facts), encoding="utf-8")
         manifest = Manifest(step=loaded.step, checkpoint=source.name,
                             weights="lora" if loaded.recipe.lora is not None else "transformer",

@@ -5,7 +5,9 @@ base shipped in the folder as ``base/``), a Python block loads the pipeline, put
 transformer in, and draws one sample with flowrl's evaluation settings (size, steps, guidance, sequence length).
 Where it cannot (the embedded world's pixel-space model has no VAE for a pipeline to decode with; the ``tiny_*``
 twins are built by flowrl's code, not loaded from anywhere), the card says so plainly. Either way it gives the
-flowrl commands that take the folder as they take a checkpoint (``flowrl sample .``, ``flowrl eval .``).
+flowrl commands that take the folder as they take a checkpoint (``flowrl sample .``, ``flowrl eval .``). For an
+edit base the example passes its source image: ``--image sources/1.png`` (a file the export writes), the
+pipeline's ``image=``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def diffusers_code(facts: CardFacts) -> list[str]:
     lines = ["```python", "import torch", f"from diffusers import {imports}"]
     if facts.video:
         lines.append("from diffusers.utils import export_to_gif")
+    source = example_images(facts)
+    if source:
+        lines.append("from diffusers.utils import load_image")
     lines.append("")
     if facts.lora:
         lines += [f"pipe = {facts.pipeline_class}.from_pretrained({base}{dtype})",
@@ -38,6 +43,9 @@ def diffusers_code(facts: CardFacts) -> list[str]:
                   f"pipe = {facts.pipeline_class}.from_pretrained({base}, transformer=transformer{dtype})"]
     lines.append('pipe.to("cuda" if torch.cuda.is_available() else "cpu")')
     settings = "".join(f", {key}={_literal(value)}" for key, value in facts.call)
+    if source:  # the base's condition image (an edit's source) goes in as the pipeline's image
+        lines.append(f"source = load_image({json.dumps(source[0])})")
+        settings = f", image=source{settings}"
     prompt = json.dumps(facts.example_prompt)
     if facts.video:
         lines += [f'frames = pipe(prompt={prompt}{settings}, output_type="pil").frames[0]',
@@ -47,12 +55,37 @@ def diffusers_code(facts: CardFacts) -> list[str]:
     return [*lines, "```"]
 
 
+def example_images(facts: CardFacts) -> tuple[str, ...]:
+    """The example's ``--image`` files: its condition images in this folder, ``SRC.png`` (yours) where none is."""
+    if not facts.conditioned:
+        return ()
+    return facts.example_images or ("SRC.png",)
+
+
 def flowrl_commands(facts: CardFacts) -> list[str]:
-    """The shell block: flowrl's own commands on this folder."""
+    """The shell block: flowrl's own commands on this folder (an edit base's sample passes its source image:
+    ``flowrl sample`` takes one ``--image`` per ``--prompt``, in order)."""
     out = "sample.webp" if facts.video else "sample.png"
+    images = "".join(f" --image {json.dumps(path) if ' ' in path else path}" for path in example_images(facts))
     return ["```bash", "pip install flowrl-grpo",
-            f"flowrl sample . --prompt {json.dumps(facts.example_prompt)} --out {out}",
+            f"flowrl sample . --prompt {json.dumps(facts.example_prompt)}{images} --out {out}",
             "flowrl eval . --json", "```"]
+
+
+def image_note(facts: CardFacts) -> list[str]:
+    """Under the commands, for an edit base: how the source image is passed."""
+    if not facts.conditioned:
+        return []
+    meaning = facts.takes.meaning[0] if facts.takes.meaning else "the condition image"
+    given = facts.example_images or ("SRC.png",)
+    where = ("its file from this folder's `sources/`" if facts.example_images
+             else "`SRC.png` stands for your own image")
+    lines = [f"`--image` passes a prompt's image, {meaning} ({where}): one `--image` per `--prompt`, in order (the"
+             " i-th `--image` is the i-th prompt's); the grid's first column shows them."]
+    if len(given) > 1 or facts.takes.count[1] > 1:
+        lines[0] += (f" This base takes {facts.takes.described}; `flowrl sample` passes one a prompt, so give more"
+                     " through a prompt file (`[prompts] type = \"jsonl\"`, `images = [...]`) and `flowrl eval`.")
+    return [*lines, ""]
 
 
 def usage(facts: CardFacts) -> list[str]:
@@ -75,7 +108,7 @@ def usage(facts: CardFacts) -> list[str]:
     else:
         lines += [f"**These weights load only through flowrl**, not with a plain diffusers pipeline: "
                   f"{facts.not_diffusers} With flowrl:", ""]
-    lines += [*flowrl_commands(facts), ""]
+    lines += [*flowrl_commands(facts), "", *image_note(facts)]
     if facts.lora and facts.loader != "diffusers":
         lines += ["`lora/` and `lora_kohya.safetensors` hold the LoRA in the diffusers and kohya namings, for tools"
                   " that have this base.", ""]

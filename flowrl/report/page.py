@@ -5,7 +5,8 @@ evaluation), its alerts with the iterations where each held, the curves (:mod:`f
 switch of their x axis (iterations, rollout NFE, training seconds) and the list of flat figures, the held-out
 samples written at each evaluation (``samples/step_*.png``: the first 8 held-out prompts, the same initial noise
 every time) as a table with a row per evaluation and each prompt under its column
-(:mod:`flowrl.report.samples`), the suite tables, and the resolved recipe. Beside the page, ``<page>_figures/``
+(:mod:`flowrl.report.samples`; a run whose prompts carry condition images shows each tile as source | result,
+the instruction below), the suite tables, and the resolved recipe. Beside the page, ``<page>_figures/``
 holds every drawn panel as PNG (300 dpi) and PDF, for a paper.
 
 A small script at the end checks the page itself once it has loaded: it counts the images, those that failed to
@@ -24,7 +25,7 @@ from typing import Any
 
 from flowrl.report import ReportError
 from flowrl.report.curves import AXES, draw_panels, export_panels, panels, series
-from flowrl.report.samples import sample_table
+from flowrl.report.samples import EDIT_STYLE, conditioned, sample_table
 from flowrl.report.suites import suite_section
 from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.writes import refused_writes
@@ -153,10 +154,11 @@ def render(run_dir: Path, rows: Sequence[Mapping[str, Any]], figures: str = "rep
     name = next((line.split("=", 1)[1].strip().strip('"') for line in recipe.splitlines()
                  if line.startswith("name")), run_dir.name)
     alerts = alert_steps(rows)
+    style = STYLE + (EDIT_STYLE if conditioned(run_dir) else "")  # a text-to-image page: STYLE alone, as it was
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>flowrl report: {html.escape(name)}</title><style>{STYLE}</style>",
+        f"<title>flowrl report: {html.escape(name)}</title><style>{style}</style>",
         f"<script>{CHECK_SCRIPT}</script></head><body>",
         f"<h1>flowrl run report: {html.escape(name)}</h1>",
         f"<p>Run folder <code>{html.escape(str(run_dir))}</code></p>",

@@ -1,5 +1,6 @@
 """Held-out evaluation during training: the figures of the current policy on the prompt source's evaluation
-prompts (deterministic ODE samples), and the row of sample images the run folder keeps of each evaluation."""
+prompts (deterministic ODE samples), and the row of sample images the run folder keeps of each evaluation (with
+the prompts' condition images beside it, for flowrl report, where the prompts carry any)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from flowrl.interfaces import PromptSource
 from flowrl.rewards.built import BuiltReward
 from flowrl.settings import TrainerConfig
-from flowrl.trainer.logger import write_grid
+from flowrl.trainer.logger import SamplePrompts, write_grid
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.types import Schedule
 
@@ -60,6 +61,7 @@ class HeldOut:
         grid: Grid | None = None
         if self.cfg.image_every and (self.accelerator.is_main_process or self.policy.sharded):
             prompts = (self.prompts.heldout() or self.prompts.sample(8, torch.Generator().manual_seed(0)))[:8]
-            grid = ode_images(self.backbone, prompts, self.schedule, seed=0), prompts
+            meaning = type(self.backbone).accepts(getattr(self.backbone, "config", None)).meaning  # "the source image"
+            grid = ode_images(self.backbone, prompts, self.schedule, seed=0), SamplePrompts(prompts, meaning)
         self._grid = (step, grid)
         return grid

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from flowrl.conditions import conditions_of
 from flowrl.jsonl import append_rows
 from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.trackers import open_trackers
@@ -98,12 +100,54 @@ def save_grid_animation(clips: Tensor, rows: int, path: Path, scale: int = 4, ga
     write_animation(frames, path, scale=scale)
 
 
+CONDITIONS = "conditions.json"  # beside the samples: each prompt's condition images (a conditioned run only)
+
+
+class SamplePrompts(list[str]):
+    """A sample row's prompts, with what each of their condition images means (the base's ConditionSpec: "the
+    source image"), for :func:`write_grid`'s ``conditions.json``; a list of the prompts otherwise."""
+
+    def __init__(self, prompts: Sequence[str], meaning: Sequence[str] = ()) -> None:
+        super().__init__(prompts)
+        self.meaning = tuple(meaning)
+
+
 def write_grid(grid: tuple[Tensor, list[str]], file: Path) -> None:
     """Write a row of sample images and, beside it, ``prompts.txt`` with their prompts (one per line); for clips
-    also the animated row beside the PNG (the same name, ``.webp``)."""
+    also the animated row beside the PNG (the same name, ``.webp``). Where the prompts carry condition images
+    (an edit's source), also those (:func:`write_conditions`); a text-to-image row writes nothing more."""
     images, prompts = grid
     file.parent.mkdir(parents=True, exist_ok=True)
     save_grid_png(images, rows=1, path=file)
     if is_clip(images):
         save_grid_animation(images, rows=1, path=file.with_suffix(".webp"))
     (file.parent / "prompts.txt").write_text("".join(p + "\n" for p in prompts), encoding="utf-8")
+    if any(conditions_of(p) for p in prompts):
+        write_conditions(prompts, file.parent, getattr(prompts, "meaning", ()))
+
+
+def write_conditions(prompts: Sequence[str], folder: Path, meaning: Sequence[str] = ()) -> None:
+    """Each prompt's condition images as PNGs of their own pixels, ``conditions/<prompt>-<image>.png`` (both
+    counted from 1, prompts in ``prompts.txt`` order), and ``conditions.json``: ``{"meaning": [...] (what each
+    position is, from the base's ConditionSpec; may be empty), "prompts": [[file, ...], ...]}`` with the files
+    relative to ``folder``. The held-out prompts are fixed, so a file already holding the same image is left
+    as it is."""
+    import io
+
+    from PIL import Image
+
+    files: list[list[str]] = []
+    for i, prompt in enumerate(prompts, 1):
+        files.append([])
+        for j, condition in enumerate(conditions_of(prompt), 1):
+            name = f"conditions/{i}-{j}.png"
+            pixels = condition.pixels if condition.mode != "L" else condition.pixels[:, :, 0]
+            buffer = io.BytesIO()
+            Image.fromarray(pixels, condition.mode).save(buffer, format="PNG")
+            target = folder / name
+            if not target.is_file() or target.read_bytes() != buffer.getvalue():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(buffer.getvalue())
+            files[-1].append(name)
+    manifest = json.dumps({"meaning": list(meaning), "prompts": files}, indent=1) + "\n"
+    (folder / CONDITIONS).write_text(manifest, encoding="utf-8")
