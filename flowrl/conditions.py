@@ -70,10 +70,12 @@ class Condition:
         self.key = _digest(mode, array)
 
     @classmethod
-    def from_file(cls, path: Any, where: str) -> Condition:
+    def from_file(cls, path: Any, where: str, relative_to: str = "the prompt file") -> Condition:
         """The image file at ``path``, checked now (a :class:`ConditionError` starting with ``where`` when it is
-        missing, unreadable or of a mode flowrl does not take) and read again when its pixels are needed."""
-        pixels, mode = _read(path, where)
+        missing, unreadable or of a mode flowrl does not take; a missing file's message says image paths are
+        relative to ``relative_to``) and read again when its pixels are needed. The one reader of condition image
+        files: the JSONL prompt source and ``flowrl sample --image`` both check through it."""
+        pixels, mode = _read(path, where, relative_to)
         condition = cls(pixels, mode, str(path))
         condition._pixels = None
         return condition
@@ -227,7 +229,7 @@ def check_conditions(prompts: Iterable[tuple[str, str]], spec: ConditionSpec, ba
             raise ConditionError(f"{where} {problem.replace('the base', f'the backbone {base!r}', 1)}")
 
 
-def _read(path: Any, where: str) -> tuple[np.ndarray, str]:
+def _read(path: Any, where: str, relative_to: str = "the prompt file") -> tuple[np.ndarray, str]:
     """An image file's pixels ``(H, W, C)`` and mode; a :class:`ConditionError` starting with ``where`` when it is
     missing, unreadable or of a mode flowrl does not take."""
     from PIL import Image, UnidentifiedImageError
@@ -240,7 +242,7 @@ def _read(path: Any, where: str) -> tuple[np.ndarray, str]:
             image.load()
             pixels = np.asarray(image, dtype=np.uint8)
     except FileNotFoundError:
-        raise ConditionError(f"{where}: no such file (image paths are relative to the prompt file)") from None
+        raise ConditionError(f"{where}: no such file (image paths are relative to {relative_to})") from None
     except IsADirectoryError:
         raise ConditionError(f"{where}: a folder, not an image file") from None
     except UnidentifiedImageError:

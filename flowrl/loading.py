@@ -3,7 +3,7 @@ becomes a ready policy."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,8 @@ import attrs
 import torch
 from torch import Tensor
 
+from flowrl.condition_checks import check_reward_conditions
+from flowrl.conditions import check_source
 from flowrl.evaluate import evaluate, ode_images
 from flowrl.export.manifest import exported_overrides, read_manifest, transformer_weights
 from flowrl.interfaces import Backbone, PromptSource
@@ -54,15 +56,22 @@ class LoadedPolicy:
         return {"step": self.step, **result}
 
 
-def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "last") -> LoadedPolicy:
+def load_policy(
+    path: Path, overrides: Sequence[str] = (), checkpoint: str = "last", check: Callable[[Recipe], None] | None = None
+) -> LoadedPolicy:
     """A run folder or checkpoint (its recipe, its weights), a folder written by ``flowrl export`` (its recipe, its
     shipped base if any, its LoRA or transformer), or a recipe file (its initial policy, step 0); ``overrides``
     (``key=value``) change the recipe as ``--set`` does; ``checkpoint`` chooses a run folder's checkpoint:
-    ``"last"``, ``"best"`` or a step number."""
+    ``"last"``, ``"best"`` or a step number.
+
+    Before any weights load, as ``flowrl train`` does: ``check(recipe)`` when given (a command's own check of the
+    resolved recipe, such as ``flowrl sample --image`` against what the base takes), then the prompt source is
+    built and its condition images held to what the backbone takes, and a reward that reads them to prompts that
+    give them (:mod:`flowrl.condition_checks`)."""
     manifest = None
     if path.suffix == ".toml":
         recipe = load_recipe(path, overrides)
-        weights, state, folder = None, {"step": 0}, path
+        folder = path
     else:
         folder = find_checkpoint(path, checkpoint)
         recipe_file = folder / "recipe.toml"
@@ -71,11 +80,19 @@ def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "la
         manifest = read_manifest(folder)
         if manifest is not None:  # the LoRA loads as lora.init; a transformer's tensors as a checkpoint's weights
             recipe = load_recipe(recipe_file, [*exported_overrides(folder, manifest), *overrides])
-            state = {"step": manifest.step}
-            weights = transformer_weights(folder) if manifest.weights == "transformer" else None
         else:
             recipe = load_recipe(recipe_file, [*own_lora(folder, recipe_file), *overrides])
-            weights, state, _ = load_checkpoint(folder)
+    if check is not None:
+        check(recipe)
+    prompts = recipe.build("prompts")
+    check_source(prompts, recipe.parts["backbone"])  # its condition images suit the base, before it loads
+    check_reward_conditions(recipe, prompts)  # a reward that reads the source gets prompts with one
+    weights, state = None, {"step": 0}
+    if manifest is not None:
+        state = {"step": manifest.step}
+        weights = transformer_weights(folder) if manifest.weights == "transformer" else None
+    elif path.suffix != ".toml":
+        weights, state, _ = load_checkpoint(folder)
     rewards = reward_models(recipe)
     backbone: Backbone = recipe.build("backbone")
     if recipe.lora is not None:
@@ -88,6 +105,5 @@ def load_policy(path: Path, overrides: Sequence[str] = (), checkpoint: str = "la
     backbone.transformer.eval()
     sigmas = backbone.schedule_sigmas(recipe.trainer.eval_steps, recipe.schedule.shift)
     schedule = Schedule(sigmas=sigmas, kernel=recipe.build("kernel"))
-    prompts = recipe.build("prompts")
     return LoadedPolicy(recipe, backbone, schedule, prompts, rewards, int(state["step"]), Path(folder),
                         exported=manifest is not None)

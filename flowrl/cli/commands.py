@@ -8,12 +8,20 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from flowrl.conditions import Prompt, conditions_of
 from flowrl.errors import UserError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, registry, summary
 from flowrl.trainer.checkpoints.folder import CheckpointError, find_checkpoint
 from flowrl.trainer.runfolder import RunFolderError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from flowrl.conditions import Condition
+    from flowrl.recipe import Recipe
 
 USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 2 (flowrl.errors)
 
@@ -170,23 +178,68 @@ def sample(args: argparse.Namespace) -> int:
     from flowrl.trainer.logger import save_grid_animation, save_grid_png
     from flowrl.video import ANIMATION_SUFFIXES, is_clip
 
-    loaded = load_policy(Path(args.path), checkpoint=args.checkpoint)
+    given = list(args.image or [])
+    if given and len(given) not in (1, len(args.prompt)):
+        raise UserError(f"--image: given {len(given)} times for {len(args.prompt)} --prompt; give one --image for"
+                        " every prompt, or one per --prompt (the i-th --image is the i-th prompt's source)")
+    sources = given * len(args.prompt) if len(given) == 1 else given  # one for all, or the i-th for the i-th
+    asked = [Prompt(text, [sources[i]] if given else []) for i, text in enumerate(args.prompt)]
+    loaded = load_policy(Path(args.path), args.set, args.checkpoint, lambda r: _check_images(r, asked, given))
     print(loaded.describe(), file=sys.stderr)
-    prompts = [p for p in args.prompt for _ in range(args.per_prompt)]
+    prompts = [p for p in asked for _ in range(args.per_prompt)]
     images = loaded.images(prompts, seed=args.seed)
-    out = Path(args.out)
+    if given:  # a column of sources first, then each prompt's results: one sees the edit
+        images = _with_sources(images, asked, args.per_prompt)
+    out, rows = Path(args.out), len(args.prompt)
+    what = "; the first column: each prompt's --image" if given else ""
     if not is_clip(images):
         if out.suffix.lower() != ".png":
             raise UserError(f"--out {args.out}: this model makes images; write them as a .png grid")
-        save_grid_png(images, rows=len(args.prompt), path=out)
-        print(f"wrote {args.out} ({len(prompts)} images)")
+        save_grid_png(images, rows=rows, path=out)
+        print(f"wrote {args.out} ({len(prompts)} images{what})")
         return 0
     # a video base: the animated grid (.webp unless .gif was asked for) and the frame grid (.png) beside it
     animated = out if out.suffix.lower() in ANIMATION_SUFFIXES else out.with_suffix(".webp")
-    save_grid_animation(images, rows=len(args.prompt), path=animated)
-    save_grid_png(images, rows=len(args.prompt), path=animated.with_suffix(".png"))
-    print(f"wrote {animated} and {animated.with_suffix('.png')} ({len(prompts)} clips of {images.shape[1]} frames)")
+    save_grid_animation(images, rows=rows, path=animated)
+    save_grid_png(images, rows=rows, path=animated.with_suffix(".png"))
+    frames = images.shape[1]
+    print(f"wrote {animated} and {animated.with_suffix('.png')} ({len(prompts)} clips of {frames} frames{what})")
     return 0
+
+
+def _check_images(recipe: Recipe, prompts: list[str], given: list[Condition]) -> None:
+    """``flowrl sample``'s prompts (with their ``--image``) held to what the recipe's backbone takes, before the
+    model loads: an edit base needs ``--image``, a text-to-image base takes none."""
+    from flowrl.conditions import check_conditions
+
+    part = recipe.parts["backbone"]
+    spec = part.cls.accepts(part.config)
+    if given and spec.count[1] == 0:
+        raise UserError(f"--image: the backbone '{part.type}' takes {spec.describe()}; leave out --image")
+    if not given and spec.count[0] > 0:
+        raise UserError(f"--image: the backbone '{part.type}' takes {spec.describe()} with each prompt; give it"
+                        " with --image PATH (one for every prompt, or one per --prompt)")
+    check_conditions((("--image:", p) for p in prompts), spec, part.type)
+
+
+def _with_sources(images: Tensor, prompts: list[str], per_prompt: int) -> Tensor:
+    """``images`` (``per_prompt`` a prompt, prompt after prompt) with each prompt's first condition image before
+    its results, fitted to their size (scaled and centre-cropped; a clip's source repeated over its frames)."""
+    import numpy as np
+    import torch
+    from PIL import Image, ImageOps
+
+    height, width = images.shape[-2:]
+    out = []
+    for i, prompt in enumerate(prompts):
+        condition = conditions_of(prompt)[0]
+        pixels = condition.pixels if condition.mode != "L" else condition.pixels[:, :, 0]
+        image = ImageOps.fit(Image.fromarray(pixels, condition.mode).convert("RGB"), (width, height),
+                             Image.Resampling.BICUBIC)
+        tile = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
+        results = images[i * per_prompt:(i + 1) * per_prompt]
+        out += [tile.expand_as(results[0]).to(results), *results]
+    return torch.stack(out)
 
 
 def profile(args: argparse.Namespace) -> int:

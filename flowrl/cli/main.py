@@ -19,6 +19,7 @@ from flowrl.cli.options import (  # noqa: E402
     SEED_LIMIT,
     Checkpoint,
     Choice,
+    ConditionImage,
     ExistingPath,
     KeyValue,
     KindOrPart,
@@ -90,10 +91,15 @@ def parser() -> argparse.ArgumentParser:
     )
     sm.add_argument("path", type=ANY_PATH, help="run folder, checkpoint folder, or a recipe (its initial policy)")
     sm.add_argument("--prompt", action="append", required=True, type=Text(), help="a prompt (repeat for several)")
+    sm.add_argument("--image", action="append", default=[], type=ConditionImage(), metavar="PATH",
+                    help="an edit base's source image: once for every prompt, or once per --prompt (the i-th --image"
+                    " is the i-th prompt's); the grid's first column shows them")
     sm.add_argument("--per-prompt", type=COUNT, default=4, help="images per prompt (default 4)")
     sm.add_argument("--out", default="samples.png", type=OutputFile(".png", ".webp", ".gif"),
                     help="the PNG grid (default samples.png); a video model writes the animated grid (.webp or .gif)"
                     " and the frame grid (.png) beside it")
+    sm.add_argument("--set", action="append", default=[], type=OVERRIDE, metavar="KEY=VALUE",
+                    help="override a recipe key")
     sm.add_argument("--seed", type=SEED, default=0)
     sm.add_argument("--checkpoint", type=Checkpoint(), default="last", help=CHECKPOINT_HELP)
     sm.set_defaults(func=commands.sample)

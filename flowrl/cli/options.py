@@ -217,6 +217,35 @@ class ExistingPath(Kind):
         return str(_folder(tmp) if self.kind == "folder" else _file(tmp))
 
 
+class ConditionImage(Kind):
+    """A condition image file (``flowrl sample --image``): read and checked now, as the JSONL prompt source checks
+    its images (:meth:`flowrl.conditions.Condition.from_file`: missing, unreadable, a mode flowrl does not take);
+    the value is the :class:`~flowrl.conditions.Condition`. Whether the base takes it is the command's check."""
+
+    def __call__(self, text: str) -> Any:
+        from flowrl.conditions import Condition, ConditionError
+
+        if not text.strip():
+            _refuse("expected an image file, got nothing")
+        try:
+            return Condition.from_file(Path(text), text, "the working directory")
+        except ConditionError as error:
+            _refuse(str(error))
+
+    def bad(self, tmp: Path) -> list[tuple[str, str]]:
+        text = tmp / "not_an_image.png"
+        text.write_text("not an image")
+        return [("missing", str(tmp / "missing.png")), ("not an image", str(text)), ("a folder", str(_folder(tmp))),
+                ("empty", "")]
+
+    def good(self, tmp: Path) -> str:
+        from PIL import Image
+
+        path = tmp / "source.png"
+        Image.new("RGB", (8, 8)).save(path)
+        return str(path)
+
+
 class OutputFile(Kind):
     """A file to write: one of ``suffixes``, not a folder (its parent folder is made when missing).
     ``optional``: the empty default means none."""
