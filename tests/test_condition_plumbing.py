@@ -109,13 +109,6 @@ def misaligned(rollout: Rollout, given: Sequence[str]) -> list[str]:
     return problems
 
 
-# A known bug outside the files this test's author could change: EntropyAllocation.load_state_dict
-# (zoo/flowrl_zoo/aegpo/sampler.py) rebuilds its H_base cache as {str(p): ...}, dropping each edit prompt's source
-# image, so after a resume every edit prompt misses the cache and is probed again (more NFE than the uninterrupted
-# run; text prompts are unaffected). Keeping the key (``p if isinstance(p, str) else str(p)``) makes both pass.
-AEGPO_CACHE_BUG = pytest.mark.xfail(strict=True, reason="AEGPO's checkpointed H_base cache loses the prompts' sources")
-
-
 UNITS = Plan(units=(Unit(0), Unit(1)), trained=(0, 1))
 SAMPLERS: dict[str, tuple[dict[str, Any], Plan]] = {
     "independent": ({"type": "independent", "group_size": 3}, UNITS),
@@ -232,7 +225,6 @@ def test_aegpos_probe_measures_each_prompt_with_its_own_source() -> None:
     assert (batch[0] - batch[2]).abs().max() > 1e-3  # prompts 4 and 0: one instruction, two sources
 
 
-@AEGPO_CACHE_BUG
 def test_aegpos_base_cache_keeps_each_prompt_through_a_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     """H_base is cached per prompt (its text and source) and saved in checkpoints; a resumed run reads it back
     for the same prompts, so it does not re-probe them (in other batches: other floating-point rounding)."""
@@ -356,7 +348,6 @@ def test_an_edit_run_resumes_bitwise(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # 40 s: AEGPO's probes on every iteration of three runs
-@AEGPO_CACHE_BUG
 def test_an_aegpo_edit_run_resumes_bitwise(tmp_path: Path) -> None:
     """AEGPO keeps state across iterations (its base policy's entropy per prompt): on three edits drawn again and
     again, the resumed run must read it back rather than probe again."""

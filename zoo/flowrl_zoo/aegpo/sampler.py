@@ -182,4 +182,6 @@ class EntropyAllocation(RolloutSampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.signature = str(state.get("signature", ""))
-        self.base = {str(p): [float(x) for x in v] for p, v in dict(state.get("base", {})).items()}
+        # a Prompt keeps its condition images (str() would keep the text alone, and a resumed edit run re-probed)
+        saved = dict(state.get("base", {}))
+        self.base = {p if isinstance(p, str) else str(p): [float(x) for x in v] for p, v in saved.items()}
