@@ -33,7 +33,7 @@ class WorldEditSuite(Suite):
     @attrs.frozen
     class Config:
         split: Split = attrs.field(default="test", validator=one_of(Split))
-        count: int = attrs.field(default=250, validator=gt(0))
+        count: int = attrs.field(default=1000, validator=gt(0))  # the edit quickstart's held-out edits
 
     def protocol(self) -> Protocol:
         # flowrl eval's: 16 ODE steps at shift 3, the base's 32 px, one stream of noise from seed 0

@@ -35,7 +35,7 @@ class WorldEditPrompts(PromptSource):
     @attrs.frozen
     class Config:
         eval_split: Literal["test", "novel", "train"] = attrs.field(default="test", validator=in_(SPLITS))
-        eval_count: int = attrs.field(default=250, validator=gt(0))  # evaluation prompts, equal per kind
+        eval_count: int = attrs.field(default=1000, validator=gt(0))  # evaluation prompts, equal per kind
         eval_seed: int = 1234  # fixes which evaluation edits and their sources
         kinds: tuple[str, ...] = attrs.field(default=EDIT_KINDS, validator=deep_iterable(in_(EDIT_KINDS)))
         layouts: int = attrs.field(default=4, validator=gt(0))  # source drawings per training edit
