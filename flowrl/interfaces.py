@@ -270,7 +270,16 @@ class AttentionEntropyProbe(Protocol):
 
 
 class RolloutSampler(Component, ABC):
-    """Generates the group of rollouts for each prompt from a plan."""
+    """Generates the group of rollouts for each prompt from a plan.
+
+    What ``trainer.overlap_chunks`` (:mod:`flowrl.trainer.overlap`) may do with a sampler is declared here,
+    never inferred from its class: :attr:`chunkable` and :meth:`precomputed_scores`.
+    """
+
+    # The prompts can be rolled out in separate calls (no prompt's rollouts depend on another prompt's):
+    # trainer.overlap_chunks then splits an iteration's prompts into chunks and scores each chunk while the
+    # next is rolled out. False runs the sampler exactly as without overlap. A subclass inherits its base's.
+    chunkable: bool = False
 
     @abstractmethod
     def rollout(
@@ -284,6 +293,12 @@ class RolloutSampler(Component, ABC):
         This default is one group per prompt: ``plan.group_sizes``, else ``config.group_size`` (1 without one).
         A sampler that shapes its groups otherwise (a tree, a group per trained unit) declares its own."""
         return sum(plan.sizes(num_prompts, int(getattr(self.config, "group_size", 1))))
+
+    def precomputed_scores(self, reward: str, images: Tensor) -> Tensor | None:
+        """The scores of reward ``reward`` for ``images`` that this sampler computed while rolling them out,
+        which the loop's reward phase takes instead of scoring again; None (the default): score them there.
+        The overlap wrapper answers for exactly its last joined images."""
+        return None
 
 
 class RewardError(PartError, RuntimeError):

@@ -18,6 +18,8 @@ from flowrl.types import Conditioning, Plan, Rollout, Schedule
 class IndependentSampler(RolloutSampler):
     """G independent trajectories per prompt (Flow-GRPO, DanceGRPO); one transformer call per rollout per step."""
 
+    chunkable = True  # each prompt's rollouts draw only its own noise: trainer.overlap_chunks may split the prompts
+
     @attrs.frozen
     class Config:
         group_size: int = attrs.field(default=8, validator=ge(1))  # rollouts per prompt (G)

@@ -40,7 +40,7 @@ from flowrl.trainer.lagged import wants_lagged
 from flowrl.trainer.logger import RunLogger
 from flowrl.trainer.memory import RolloutFits
 from flowrl.trainer.metrics import iteration_metrics
-from flowrl.trainer.overlap import OverlappedSampler, overlapped
+from flowrl.trainer.overlap import overlapped
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.reference import no_reference
 from flowrl.trainer.retain import Retention
@@ -275,9 +275,9 @@ class Trainer:
         return self.heldout.evaluate(self.run_dir / "samples" / f"step_{self.step:06d}.png", self.step)
 
     def score(self, rollout: Rollout) -> RewardBatch:
-        """Every reward's scores of the rollout (those an overlapped rollout computed already are taken as they are)."""
-        precomputed = self.sampler.scores if isinstance(self.sampler, OverlappedSampler) else None
-        return score_rollout(self.rewards, rollout, precomputed)
+        """Every reward's scores of the rollout; those the sampler declares it computed already (an overlapped
+        rollout's: RolloutSampler.precomputed_scores) are taken as they are."""
+        return score_rollout(self.rewards, rollout, self.sampler.precomputed_scores)
 
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
         """The policy update of this iteration (flowrl.trainer.update), through the graphs the rollout kept."""

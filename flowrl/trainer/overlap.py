@@ -3,13 +3,15 @@
 A slow reward (a served model, a judge behind HTTP) otherwise leaves the transformer idle while it scores. With
 ``overlap_chunks = K`` the iteration's prompts are split into K chunks rolled out one after another by the
 recipe's own sampler; as soon as chunk k's images exist, a background thread scores them while chunk k+1 is
-generated. The rollout the loop sees is the chunks joined, and the loop's reward phase asks the wrapper for the
-scores already computed (:meth:`OverlappedSampler.scores`, which answers for exactly the joined images and for
-nothing else). Nothing in the interfaces changes.
+generated. The rollout the loop sees is the chunks joined, and the loop's reward phase asks the sampler for the
+scores already computed (:meth:`flowrl.interfaces.RolloutSampler.precomputed_scores`: the wrapper answers for
+exactly the joined images and for nothing else, any other sampler with None).
 
-Which samplers: those whose prompts are independent of each other (the ``independent`` sampler and samplers
-declaring ``chunkable = True``), with rollouts of images, no per-method ``extras`` and one group size for all
-prompts; any other sampler, or ``overlap_chunks`` 0 or 1, runs exactly as without this module. Each prompt
+Which samplers: those declaring their prompts independent of each other
+(:attr:`flowrl.interfaces.RolloutSampler.chunkable`: the ``independent`` sampler and its subclasses unless they
+say otherwise), with rollouts of images, no per-method ``extras`` and one group size for all prompts; any other
+sampler, or ``overlap_chunks`` 0 or 1, runs exactly as without this module. Nothing here looks at a sampler's
+class: a new sampler declares ``chunkable`` and needs no change in this module or the loop. Each prompt
 keeps its own random stream (:class:`flowrl.rng.RolloutRNG`), so the chunked rollout draws the same noise;
 the transformer sees smaller batches, so values can differ from the unchunked run in the last bits.
 """
@@ -28,18 +30,18 @@ from flowrl.interfaces import RolloutSampler
 from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import score_pictures
 from flowrl.rng import RolloutRNG
-from flowrl.samplers.independent import IndependentSampler
 from flowrl.types import Conditioning, Plan, Rollout, Schedule, Transitions
 
 
 def chunkable(sampler: RolloutSampler) -> bool:
-    """Whether the sampler's prompts can be rolled out in separate calls (no prompt depends on another)."""
-    return bool(getattr(sampler, "chunkable", type(sampler) is IndependentSampler))
+    """Whether the sampler's prompts can be rolled out in separate calls (no prompt depends on another): its
+    own declaration, :attr:`flowrl.interfaces.RolloutSampler.chunkable`."""
+    return bool(sampler.chunkable)
 
 
 def overlapped(sampler: RolloutSampler, rewards: list[BuiltReward], chunks: int) -> RolloutSampler:
     """``sampler`` itself when overlap is off or not possible; else the chunking wrapper, which scores each
-    chunk with ``rewards`` (the reward phase then takes its :meth:`OverlappedSampler.scores`)."""
+    chunk with ``rewards`` (the reward phase then takes its :meth:`OverlappedSampler.precomputed_scores`)."""
     if chunks <= 1 or not chunkable(sampler):
         return sampler
     return OverlappedSampler(sampler, rewards, chunks)
@@ -119,15 +121,15 @@ class OverlappedSampler(RolloutSampler):
         self.images = rollout.images
         return rollout
 
-    def scores(self, name: str, images: Tensor) -> Tensor | None:
-        """The precomputed scores of reward ``name`` for ``images`` (the last joined rollout's), else None. The
+    def precomputed_scores(self, reward: str, images: Tensor) -> Tensor | None:
+        """The precomputed scores of ``reward`` for ``images`` (the last joined rollout's), else None. The
         first chunk that failed raises its error here, in the loop's reward phase."""
         if images is not self.images or not self.pending:
             return None
-        return torch.cat([future.result()[name].float().cpu() for future in self.pending])
+        return torch.cat([future.result()[reward].float().cpu() for future in self.pending])
 
     def wait(self) -> None:
-        """Let every background scoring finish (errors are dropped here; :meth:`scores` reports them)."""
+        """Let every background scoring finish (errors are dropped here; :meth:`precomputed_scores` reports them)."""
         for future in self.pending:
             future.exception()
         self.pending, self.images = [], None

@@ -33,6 +33,8 @@ class MixGRPOFlashSampler(IndependentSampler):
     costs ``window_end + tail intervals`` evaluations. ``tail_steps = 0`` keeps the full grid.
     """
 
+    chunkable = False  # trainer.overlap_chunks leaves it whole, as before the declaration (not checked chunked)
+
     @attrs.frozen
     class Config(IndependentSampler.Config):
         tail_solver: Literal["euler", "dpm_solver_2m"] = "dpm_solver_2m"  # ODE solver after the window
