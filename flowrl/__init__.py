@@ -22,6 +22,7 @@ from flowrl.interfaces import (
 )
 from flowrl.recipe import Recipe, RecipeError, load_recipe
 from flowrl.registry import KINDS, available, build, register, registry
+from flowrl.suites import interface as _suite_interface  # noqa: F401  (gives the 'suite' kind its interface)
 from flowrl.types import (
     Advantages,
     Conditioning,

@@ -144,9 +144,23 @@ _REGISTRIES: dict[str, Registry] = {}
 
 def registry(kind: str) -> Registry:
     """The registry of one kind."""
-    if kind not in _REGISTRIES:
+    if kind not in KINDS:
         raise RegistryError(f"unknown kind '{kind}'; kinds are {', '.join(KINDS)}")
+    if kind not in _REGISTRIES:  # only while the package that declares the kind is half imported
+        raise RegistryError(f"kind '{kind}' has no interface yet: the package that declares it is not imported")
     return _REGISTRIES[kind]
+
+
+def add_kind(kind: str, interface: type) -> None:
+    """Give a kind of :data:`KINDS` its interface, from the package that defines the interface (``flowrl.suites``
+    declares ``suite``), so the registry imports nothing above it."""
+    if kind not in KINDS:
+        raise RegistryError(f"unknown kind '{kind}'; kinds are {', '.join(KINDS)}")
+    known = _REGISTRIES.get(kind)
+    if known is not None and known.interface is not interface:
+        raise RegistryError(f"kind '{kind}' already has the interface {known.interface!r}")
+    if known is None:
+        _REGISTRIES[kind] = Registry(kind, interface)
 
 
 def register(kind: str, name: str) -> Callable[[C], C]:
@@ -182,8 +196,9 @@ def build(kind: str, spec: Mapping[str, Any]) -> Any:
 
 
 def _init_registries() -> None:
+    """The kinds whose interfaces are in :mod:`flowrl.interfaces`; ``suite`` is added by ``flowrl.suites``
+    (:func:`add_kind`), which ``import flowrl`` imports."""
     from flowrl import interfaces as i
-    from flowrl.suites.interface import Suite
 
     for kind, interface in (
         ("selector", i.TimestepSelector),
@@ -194,7 +209,6 @@ def _init_registries() -> None:
         ("kernel", i.TransitionKernel),
         ("backbone", i.Backbone),
         ("prompts", i.PromptSource),
-        ("suite", Suite),
     ):
         _REGISTRIES[kind] = Registry(kind, interface)
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from flowrl.errors import UserError
 from flowrl.interfaces import Component
+from flowrl.registry import add_kind
 from flowrl.suites.protocol import Protocol
 
 
@@ -98,6 +99,9 @@ class Suite(Component, ABC):
                 chosen = np.asarray([item.category == category for item in items])
                 out[f"{key}/{category}"] = finite_mean(values[chosen])
         return out
+
+
+add_kind("suite", Suite)  # the registry imports no suite: the suites declare their kind
 
 
 def named_function(spec: str, what: str) -> Any:

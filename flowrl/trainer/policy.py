@@ -21,8 +21,6 @@ from flowrl.backbones.lora.export import lora_state_dict
 from flowrl.interfaces import Backbone
 from flowrl.lr_schedule import lr_factor
 from flowrl.recipe import Recipe, RecipeError
-from flowrl.trainer.checkpoints.folder import load_weights_into
-from flowrl.trainer.checkpoints.resume import apply_optim_settings
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.lagged import LaggedPolicy
 from flowrl.trainer.lora import add_lora
@@ -37,6 +35,7 @@ from flowrl.trainer.sharding import (
     to_local_tree,
     whole,
 )
+from flowrl.trainer.state_io import apply_optim_settings, load_weights_into
 
 
 class TrainedPolicy:

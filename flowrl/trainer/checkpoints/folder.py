@@ -19,14 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.trainer.sharding import copy_full_into
+from flowrl.trainer.state_io import CheckpointError
+from flowrl.trainer.state_io import load_weights_into as load_weights_into  # its import path before state_io
 from flowrl.trainer.writes import refused_writes
-
-
-class CheckpointError(UserError, ValueError):
-    """A checkpoint that cannot be used (missing, truncated, from another model)."""
-
 
 WEIGHTS = "weights.safetensors"
 STATE = "trainer_state.json"
@@ -257,22 +252,3 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, Tensor], dict[str, Any], di
             " use another checkpoint (an earlier step_* folder)"
         ) from None
     return weights, state, extra
-
-
-def load_weights_into(module: torch.nn.Module, weights: dict[str, Tensor], source: Path) -> None:
-    """Copy ``weights`` into the named parameters of ``module``; every name and shape must match."""
-    params = dict(module.named_parameters())
-    fix = f"use the recipe the checkpoint was written with ({Path(source) / 'recipe.toml'})"
-    unknown = sorted(set(weights) - set(params))
-    if unknown:
-        raise CheckpointError(f"checkpoint {source}: weights are from another model ('{unknown[0]}'); {fix}")
-    absent = sorted(n for n, p in params.items() if p.requires_grad and n not in weights)
-    if absent:  # a smaller model's weights would load only partly
-        raise CheckpointError(f"checkpoint {source}: weights are from another model (no '{absent[0]}'); {fix}")
-    for name, tensor in weights.items():
-        if params[name].shape != tensor.shape:
-            raise CheckpointError(
-                f"checkpoint {source}: weights are from another model ('{name}' has shape {tuple(tensor.shape)},"
-                f" this model's {tuple(params[name].shape)}); {fix}"
-            )
-        copy_full_into(params[name], tensor)

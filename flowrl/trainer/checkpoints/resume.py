@@ -16,8 +16,9 @@ from typing import Any
 
 from flowrl.backbones.lora.export import LORA_FOLDER
 from flowrl.recipe import Recipe, RecipeError, recipe_from_dict
-from flowrl.trainer.checkpoints.folder import CheckpointError
 from flowrl.trainer.lora import own_lora
+from flowrl.trainer.state_io import CheckpointError
+from flowrl.trainer.state_io import apply_optim_settings as apply_optim_settings  # its import path before state_io
 
 RESUMABLE = ("name", "trainer.", "optim.")  # keys (or key prefixes) a resume may change
 
@@ -80,15 +81,3 @@ def record_resume(run_dir: Path, checkpoint: Path, step: int, changes: list[tupl
     kept.write_bytes((Path(checkpoint) / "recipe.toml").read_bytes())
     listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
     return f"resumed at step {step} with changed settings: {listed} (the settings before: {kept})"
-
-
-def apply_optim_settings(optimizer: Any, schedule: Any, lr: float, betas: tuple[float, float], eps: float,
-                         weight_decay: float) -> None:
-    """After loading a checkpoint's optimizer and LR-schedule states (which carry the settings they were made
-    with), put the recipe's ``[optim]`` settings in force: a changed learning rate or Adam setting applies from
-    the first resumed step. Unchanged settings give the same values, bit for bit."""
-    schedule.base_lrs = [lr for _ in optimizer.param_groups]
-    rates = [lr * factor(schedule.last_epoch) for factor in schedule.lr_lambdas]
-    for group, rate in zip(optimizer.param_groups, rates, strict=True):
-        group.update(lr=rate, betas=betas, eps=eps, weight_decay=weight_decay)
-    schedule._last_lr = rates  # what get_last_lr() reports (torch has no public setter)
