@@ -1,7 +1,7 @@
 """Allowed values written once: a ``Literal`` type is both a setting's annotation and its validator.
 
 ``mode: Mode = attrs.field(default="a", validator=one_of(Mode))`` with ``Mode = Literal["a", "b"]``: the
-reference (:mod:`flowrl.reference`) reads the type, the recipe check reads the validator, and both come
+reference (:mod:`flowrl.part_docs`) reads the type, the recipe check reads the validator, and both come
 from the one list.
 """
 

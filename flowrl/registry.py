@@ -22,7 +22,7 @@ from flowrl.errors import UserError
 KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts", "suite")
 PLUGIN_GROUP = "flowrl.plugins"
 BUILTINS = "builtins"  # the entry point naming flowrl's own parts (pyproject.toml)
-BUILTINS_MODULE = "flowrl.components"
+BUILTINS_MODULE = "flowrl.register_builtins"
 
 if TYPE_CHECKING:
     from flowrl.interfaces import Component

@@ -17,7 +17,7 @@ import difflib
 import sys
 from pathlib import Path
 
-from flowrl.reference import cell, fields_table, summary_and_body
+from flowrl.part_docs import cell, fields_table, summary_and_body
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference.md"

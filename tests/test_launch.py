@@ -159,7 +159,7 @@ def test_two_loopback_nodes_of_one_process_train_as_one_process(tmp_path: Path) 
 
 
 def test_hybrid_sharding_needs_equal_nodes() -> None:
-    from flowrl.trainer.errors import LaunchError
+    from flowrl.trainer.run_errors import LaunchError
     from flowrl.trainer.sharding import shard_group
 
     assert shard_group(False, 8) == 8 and shard_group(True, 8, 4) == 4 and shard_group(True, 3, 3) == 3

@@ -217,3 +217,24 @@ def test_only_probes_and_tokenizers_import_model_libraries_at_module_level() -> 
         if p.name not in ("probe.py", "tokenizer.py") and (libraries := _module_level_imports(p) & set(MODEL_LIBRARIES))
     }
     assert not eager, f"model libraries imported at module level: {eager}"
+
+
+
+# A file name says one concept: two modules named alike for two things sent readers to the wrong one (issue 65).
+# An old public path kept as a re-export of the renamed module is not a second module of that name.
+_ONCE_CLASHED = (
+    ("flowrl/reference.py", "flowrl/trainer/reference.py"),
+    ("flowrl/errors.py", "flowrl/trainer/errors.py"),
+    ("flowrl/components.py", "flowrl/world/components.py"),
+)
+_OLD_NAMES = {"flowrl/components.py": "flowrl.register_builtins"}  # old public path -> the module it re-exports
+
+
+def test_no_two_core_modules_share_a_name_that_once_clashed() -> None:
+    for old, new in _OLD_NAMES.items():
+        body = [node for node in ast.parse((ROOT / old).read_text()).body
+                if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+        imported = {f"{node.module}.{a.name}" for node in body if isinstance(node, ast.ImportFrom) for a in node.names}
+        assert all(isinstance(node, ast.ImportFrom) for node in body) and imported == {new}, f"{old} only imports {new}"
+    clashes = [pair for pair in _ONCE_CLASHED if all((ROOT / p).is_file() and p not in _OLD_NAMES for p in pair)]
+    assert not clashes, f"two modules of one name for two concepts: {clashes}"

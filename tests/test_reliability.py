@@ -21,7 +21,7 @@ from flowrl import Plan, RewardModel, Schedule, TimestepSelector, Unit
 from flowrl.interfaces import RewardError
 from flowrl.recipe import recipe_from_dict
 from flowrl.trainer import train
-from flowrl.trainer.errors import NonFiniteError, NothingTrainedError
+from flowrl.trainer.run_errors import NonFiniteError, NothingTrainedError
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder
 
 

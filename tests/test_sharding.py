@@ -245,7 +245,7 @@ def test_sharding_changes_nothing_for_probes_and_forward_process_losses(method: 
 
 @pytest.mark.parametrize("plugin", ["FSDP", "DEEPSPEED"])
 def test_accelerates_own_sharding_plugins_are_refused(plugin: str) -> None:
-    from flowrl.trainer.errors import LaunchError
+    from flowrl.trainer.run_errors import LaunchError
     from flowrl.trainer.sharding import check_launch
 
     check_launch("MULTI_CPU")  # a plain launch passes

@@ -16,7 +16,7 @@ from flowrl import Plan, PlanError, Schedule, TimestepSelector, Unit
 from flowrl.loading import load_policy
 from flowrl.recipe import RecipeError, recipe_from_dict
 from flowrl.trainer import Trainer, train
-from flowrl.trainer.errors import BestMetricError
+from flowrl.trainer.run_errors import BestMetricError
 
 KEYS = {
     *("step", "wall_s", "nfe", "reward/jpeg_compressibility", "loss", "clip_frac", "grad_norm"),

@@ -232,7 +232,7 @@ def reset_peak_memory() -> None:
 def train_one(recipe: Recipe, run_dir: Path, quiet: bool, continue_run: bool = False) -> None:
     """Train one run into ``run_dir`` (afresh, or from its newest checkpoint) and write ``final_eval.json``."""
     from flowrl.trainer import Trainer
-    from flowrl.trainer.errors import NonFiniteError, NothingTrainedError
+    from flowrl.trainer.run_errors import NonFiniteError, NothingTrainedError
 
     if continue_run:
         # An extended run's old final figures must not mark it complete if this continuation is interrupted.

@@ -90,7 +90,7 @@ def show(args: argparse.Namespace) -> int:
 
 
 def ls(args: argparse.Namespace) -> int:
-    from flowrl.reference import part_text
+    from flowrl.part_docs import part_text
 
     kinds = [k for k in args.kind if k in KINDS] or ([] if args.kind else list(KINDS))
     for name in (n for n in args.kind if n not in KINDS):  # a part's name: its settings (every kind using it)

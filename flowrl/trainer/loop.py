@@ -33,7 +33,6 @@ from flowrl.trainer.checkpoints.resume import check_resume, record_resume
 from flowrl.trainer.checkpoints.saving import RunCheckpoints, best_figure
 from flowrl.trainer.distributed import reduce_metrics, shared_stop
 from flowrl.trainer.drift import policy_drift
-from flowrl.trainer.errors import NothingTrainedError, RunInterrupted
 from flowrl.trainer.health import HealthAlerts
 from flowrl.trainer.heldout import HeldOut
 from flowrl.trainer.lagged import wants_lagged
@@ -46,6 +45,7 @@ from flowrl.trainer.reference import no_reference
 from flowrl.trainer.retain import Retention
 from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.rollout import RolloutPhase
+from flowrl.trainer.run_errors import NothingTrainedError, RunInterrupted
 from flowrl.trainer.runfolder import already_a_run, lock_run_folder
 from flowrl.trainer.sharding import check_launch
 from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything

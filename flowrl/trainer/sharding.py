@@ -33,7 +33,7 @@ def check_launch(distributed_type: str) -> None:
     """Refuse accelerate's own FSDP and DeepSpeed plugins (an accelerate config with ``distributed_type: FSDP``
     or ``DEEPSPEED``): flowrl's checkpoints, reference policy and rollouts are not written for them and no test
     runs them; ``trainer.sharding = "fsdp"`` under a plain multi-process launch is the tested way to shard."""
-    from flowrl.trainer.errors import LaunchError
+    from flowrl.trainer.run_errors import LaunchError
 
     if distributed_type in ("FSDP", "DEEPSPEED"):
         raise LaunchError(
@@ -67,7 +67,7 @@ def sharding_units(module: nn.Module) -> list[nn.Module]:
 def shard_group(hybrid: bool, world: int, node: int | None = None) -> int:
     """How many processes share one copy of the model: all of them, or (``hybrid``) one node's, ``node`` (default:
     the launch's ``LOCAL_WORLD_SIZE``, which torchrun and accelerate set); a one-line
-    :class:`~flowrl.trainer.errors.LaunchError` when the processes do not split into equal nodes."""
+    :class:`~flowrl.trainer.run_errors.LaunchError` when the processes do not split into equal nodes."""
     if not hybrid:
         return world
     if node is None:
@@ -78,7 +78,7 @@ def shard_group(hybrid: bool, world: int, node: int | None = None) -> int:
         process_rank(os.environ)  # the launch's variables checked together: one line naming a malformed one
         node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if node < 1 or world % node:
-        from flowrl.trainer.errors import LaunchError
+        from flowrl.trainer.run_errors import LaunchError
 
         raise LaunchError(f'trainer.sharding = "hybrid": {world} processes do not split into nodes of {node}'
                           " (LOCAL_WORLD_SIZE); launch the same number of processes on every node")

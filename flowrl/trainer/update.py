@@ -14,10 +14,10 @@ import torch
 from flowrl.interfaces import ForwardProcessLoss, PolicyLoss
 from flowrl.recipe import Recipe
 from flowrl.rng import generator
-from flowrl.trainer.errors import NonFiniteError
 from flowrl.trainer.micro_batches import StatsMean, forward_process_losses, transition_losses
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.retain import RetainedVelocities
+from flowrl.trainer.run_errors import NonFiniteError
 from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 

@@ -27,10 +27,10 @@ from flowrl.trainer.checkpoints.folder import (
     save_shard,
     set_rng_state,
 )
-from flowrl.trainer.errors import BestMetricError, NonFiniteError
 from flowrl.trainer.heldout import Grid
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.run_errors import BestMetricError, NonFiniteError
 from flowrl.trainer.runfolder import check_history
 from flowrl.trainer.sharding import merge_slices
 
