@@ -14,10 +14,12 @@ import attrs
 import torch
 from torch import Tensor
 
+from flowrl.choices import one_of
 from flowrl.interfaces import TransitionKernel, gaussian_log_prob
 from flowrl.registry import register
 
 MeanStd = tuple[Tensor, Tensor]
+LogProb = Literal["gaussian", "official"]  # CPSKernel's log_prob setting
 
 
 def _col(coef: Tensor, like: Tensor) -> Tensor:
@@ -102,9 +104,7 @@ class CPSKernel(TransitionKernel):
         noise_level: float = attrs.field(
             default=0.7, validator=[attrs.validators.ge(0), attrs.validators.le(1)]
         )  # a in [0, 1]
-        log_prob: Literal["gaussian", "official"] = attrs.field(
-            default="gaussian", validator=attrs.validators.in_(("gaussian", "official"))
-        )
+        log_prob: LogProb = attrs.field(default="gaussian", validator=one_of(LogProb))
 
     def log_prob(self, x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
         if self.config.log_prob == "gaussian":

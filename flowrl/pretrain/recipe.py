@@ -25,14 +25,19 @@ from typing import Any, Literal
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_, le, lt
+from attrs.validators import ge, gt, le, lt
 
 from flowrl.backbones.flux.tiny import TinyFluxSpec
+from flowrl.choices import one_of
 from flowrl.config import ConfigError, structure
 from flowrl.recipe import RecipeError, apply_override
 from flowrl.world.render import Lattice
 
 positive: Any = gt(0)
+LrSchedule = Literal["constant", "cosine"]
+Timesteps = Literal["uniform", "logit_normal"]
+Device = Literal["cpu", "cuda", "auto"]
+Task = Literal["text_to_image", "edit"]
 
 
 @attrs.frozen
@@ -81,14 +86,12 @@ class TrainConfig:
     lr: float = attrs.field(default=1e-3, validator=positive)  # AdamW peak learning rate
     weight_decay: float = attrs.field(default=0.01, validator=ge(0))
     warmup_steps: int = attrs.field(default=200, validator=ge(0))  # linear warm-up
-    lr_schedule: Literal["constant", "cosine"] = attrs.field(default="cosine", validator=in_(("constant", "cosine")))
+    lr_schedule: LrSchedule = attrs.field(default="cosine", validator=one_of(LrSchedule))
     min_lr_ratio: float = attrs.field(default=0.1, validator=[ge(0), le(1)])  # cosine floor, times lr
     max_grad_norm: float = attrs.field(default=1.0, validator=positive)
     # noise level s: "uniform" on (0, 1) or "logit_normal" (sigmoid of N(logit_mean, logit_std^2)), then
     # shifted like the sampling grid, s <- k s / (1 + (k - 1) s) with k = timestep_shift (1: unchanged)
-    timesteps: Literal["uniform", "logit_normal"] = attrs.field(
-        default="logit_normal", validator=in_(("uniform", "logit_normal"))
-    )
+    timesteps: Timesteps = attrs.field(default="logit_normal", validator=one_of(Timesteps))
     logit_mean: float = 0.0
     logit_std: float = attrs.field(default=1.0, validator=positive)
     timestep_shift: float = attrs.field(default=1.0, validator=positive)
@@ -106,7 +109,7 @@ class TrainConfig:
     log_every: int = attrs.field(default=250, validator=ge(0))  # a log line every this many steps (0: none)
     checkpoint_every: int = attrs.field(default=0, validator=ge(0))  # <output>/checkpoints/step-N (0: none)
     threads: int = attrs.field(default=1, validator=ge(0))  # torch.set_num_threads (0: leave as is)
-    device: Literal["cpu", "cuda", "auto"] = attrs.field(default="cpu", validator=in_(("cpu", "cuda", "auto")))
+    device: Device = attrs.field(default="cpu", validator=one_of(Device))
     render_workers: int = attrs.field(default=1, validator=positive)  # processes rendering the pool (same pool)
 
     def lattice(self) -> Lattice | None:
@@ -136,9 +139,7 @@ class PretrainRecipe:
     # A relative path is looked up from the current directory, then from the repository root.
     init: str = ""
     # "text_to_image": the world base (caption -> scene); "edit": the edit base (source + instruction -> target)
-    task: Literal["text_to_image", "edit"] = attrs.field(
-        default="text_to_image", validator=in_(("text_to_image", "edit"))
-    )
+    task: Task = attrs.field(default="text_to_image", validator=one_of(Task))
     model: ModelConfig = attrs.field(factory=ModelConfig)
     train: TrainConfig = attrs.field(factory=TrainConfig)
     eval: EvalConfig = attrs.field(factory=EvalConfig)

@@ -12,7 +12,7 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -20,6 +20,7 @@ from torch import Tensor
 from flowrl.config import ConfigError
 from flowrl.interfaces import RewardModel
 
+DType = Literal["float32", "bfloat16", "float16"]  # a reward model's `dtype` setting (each module's DTYPES maps it)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -17,16 +17,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
-from attrs.validators import gt, in_
+from attrs.validators import gt
 from torch import Tensor
 
+from flowrl.choices import one_of
 from flowrl.registry import register
-from flowrl.rewards.base import ModelReward, RewardConfigError, load_torch_file
-from flowrl.rewards.preprocess import CLIP_MEAN, CLIP_STD, ImagePreprocess
+from flowrl.rewards.base import DType, ModelReward, RewardConfigError, load_torch_file
+from flowrl.rewards.preprocess import CLIP_MEAN, CLIP_STD, ImagePreprocess, Resize
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -148,9 +149,9 @@ class PickScore(_ClipReward):
         scale: float = 1.0  # reported = (raw - offset) * scale; Flow-GRPO: scale = 1/26
         offset: float = 0.0  # e.g. offset = 18, scale = 0.125 for (s - 18) / 8
         device: str = "auto"  # auto: the images' device, else cuda if available, else cpu
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
         batch_size: int = attrs.field(default=32, validator=gt(0))  # images per forward
-        resize: Literal["pil", "torch"] = attrs.field(default="pil", validator=in_(("pil", "torch")))
+        resize: Resize = attrs.field(default="pil", validator=one_of(Resize))
 
     def raw(self, bundle: ClipBundle, images: Tensor, prompts: list[str]) -> Tensor:
         cos = (image_embeddings(bundle, images, self.device) * text_embeddings(bundle, prompts, self.device)).sum(-1)
@@ -169,9 +170,9 @@ class ClipScore(_ClipReward):
         scale: float = 1.0  # reported = (raw - offset) * scale; CLIPScore paper: 2.5
         offset: float = 0.0
         device: str = "auto"  # auto: the images' device, else cuda if available, else cpu
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
         batch_size: int = attrs.field(default=32, validator=gt(0))  # images per forward
-        resize: Literal["pil", "torch"] = attrs.field(default="pil", validator=in_(("pil", "torch")))
+        resize: Resize = attrs.field(default="pil", validator=one_of(Resize))
 
     def raw(self, bundle: ClipBundle, images: Tensor, prompts: list[str]) -> Tensor:
         return (image_embeddings(bundle, images, self.device) * text_embeddings(bundle, prompts, self.device)).sum(-1)
@@ -215,9 +216,9 @@ class Aesthetic(_ClipReward):
         scale: float = 1.0  # reported = (raw - offset) * scale
         offset: float = 0.0
         device: str = "auto"  # auto: the images' device, else cuda if available, else cpu
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
         batch_size: int = attrs.field(default=32, validator=gt(0))  # images per forward
-        resize: Literal["pil", "torch"] = attrs.field(default="pil", validator=in_(("pil", "torch")))
+        resize: Resize = attrs.field(default="pil", validator=one_of(Resize))
 
     def check_paths(self) -> None:
         self.require_file(self.config.head, "head", "aesthetic head")

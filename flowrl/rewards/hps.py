@@ -19,15 +19,17 @@ from typing import Any, Literal
 
 import attrs
 import torch
-from attrs.validators import gt, in_
+from attrs.validators import gt
 from torch import Tensor
 
+from flowrl.choices import one_of
 from flowrl.registry import register
-from flowrl.rewards.base import ModelReward, RewardConfigError
+from flowrl.rewards.base import DType, ModelReward, RewardConfigError
 from flowrl.rewards.preprocess import ImagePreprocess
 
 VOCAB = "bpe_simple_vocab_16e6.txt.gz"
 INSTALL = "pip install -e '.[hps]' && pip install --no-deps hpsv2==1.2.0 in a flowrl checkout"
+Resize = Literal["torch", "pil"]  # preprocess.Resize, hpsv2's own back-end first
 AUTOCAST = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -79,11 +81,11 @@ class HPSv2(ModelReward):
         scale: float = 1.0  # reported = (raw - offset) * scale
         offset: float = 0.0
         device: str = "auto"  # auto: the images' device, else cuda if available, else cpu
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(
-            default="float32", validator=in_(("float32", "bfloat16", "float16"))
+        dtype: DType = attrs.field(
+            default="float32", validator=one_of(DType)
         )  # float16 / bfloat16: autocast on CUDA (hpsv2 scores under fp16 autocast)
         batch_size: int = attrs.field(default=32, validator=gt(0))  # images per forward
-        resize: Literal["torch", "pil"] = attrs.field(default="torch", validator=in_(("torch", "pil")))
+        resize: Resize = attrs.field(default="torch", validator=one_of(Resize))
 
     def check(self) -> None:
         super().check()

@@ -23,16 +23,25 @@ import json
 import pickle
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
-from attrs.validators import gt, in_
+from attrs.validators import gt
 from torch import Tensor, nn
 
+from flowrl.choices import one_of
 from flowrl.registry import register
-from flowrl.rewards.base import ModelReward, RewardConfigError, load_torch_file
-from flowrl.rewards.preprocess import CLIP_MEAN, CLIP_STD, normalize, resize_pil, resize_torch, resized_shape
+from flowrl.rewards.base import DType, ModelReward, RewardConfigError, load_torch_file
+from flowrl.rewards.preprocess import (
+    CLIP_MEAN,
+    CLIP_STD,
+    Resize,
+    normalize,
+    resize_pil,
+    resize_torch,
+    resized_shape,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -246,12 +255,12 @@ class ImageReward(ModelReward):
         scale: float = 1.0  # reported = (raw - offset) * scale
         offset: float = 0.0
         device: str = "auto"  # auto: the images' device, else cuda if available, else cpu
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(
-            default="float32", validator=in_(tuple(DTYPES))
+        dtype: DType = attrs.field(
+            default="float32", validator=one_of(DType)
         )  # the ViT's and the BERT's; the [CLS] feature, head and normalisation stay float32
         batch_size: int = attrs.field(default=32, validator=gt(0))  # images per forward
-        resize: Literal["pil", "torch"] = attrs.field(
-            default="pil", validator=in_(("pil", "torch"))
+        resize: Resize = attrs.field(
+            default="pil", validator=one_of(Resize)
         )  # pil: PIL bicubic on the uint8 image, as the release; torch: antialiased bicubic on the device
 
     def check_paths(self) -> None:

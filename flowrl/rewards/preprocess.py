@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+Resize = Literal["pil", "torch"]  # the two resize back-ends below
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's normalisation (also OpenCLIP's, HPS's, BLIP's)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -40,7 +41,7 @@ class ImagePreprocess:
     mean: tuple[float, ...] = CLIP_MEAN
     std: tuple[float, ...] = CLIP_STD
     fit: Literal["crop", "pad"] = "crop"
-    backend: Literal["pil", "torch"] = "pil"
+    backend: Resize = "pil"
 
     def __call__(self, images: Tensor) -> Tensor:
         if images.dim() != 4 or images.shape[1] != 3:

@@ -20,9 +20,10 @@ from typing import Any, Literal
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 from torch import Tensor
 
+from flowrl.choices import one_of
 from flowrl.interfaces import RewardModel
 from flowrl.registry import register
 from flowrl.rewards.base import RewardConfigError
@@ -33,6 +34,7 @@ from flowrl.rewards.wire import (
     PROTOCOL,
     PROTOCOL_CONDITIONS,
     PROTOCOLS,
+    Encoding,
     WireError,
     parse_metrics_answer,
     parse_score_answer,
@@ -40,6 +42,9 @@ from flowrl.rewards.wire import (
 )
 
 __all__ = ["RemoteReward", "RemoteRewardError", "RewardServerUnavailable", "url_problem"]
+
+Service = Literal["flowrl", "openai"]  # what the server speaks: flowrl's wire protocol or an OpenAI chat API
+OnParseFailure = Literal["error", "zero"]
 
 
 def url_problem(url: str) -> str:
@@ -65,14 +70,14 @@ class RemoteReward(RewardModel):
     @attrs.frozen
     class Config:
         url: str = ""  # the server's base address, e.g. http://127.0.0.1:8700
-        protocol: Literal["flowrl", "openai"] = attrs.field(default="flowrl", validator=in_(("flowrl", "openai")))
+        protocol: Service = attrs.field(default="flowrl", validator=one_of(Service))
         batch_size: int = attrs.field(default=64, validator=gt(0))  # images per request (openai: always 1)
         concurrency: int = attrs.field(default=1, validator=gt(0))  # requests in flight at once
         timeout_s: float = attrs.field(default=120.0, validator=gt(0))  # per attempt
         retries: int = attrs.field(default=2, validator=ge(0))  # after the first attempt
         backoff_s: float = attrs.field(default=0.5, validator=ge(0))  # wait before retry k: backoff_s * 2^(k-1)
         token_env: str = "FLOWRL_SERVE_TOKEN"  # environment variable holding the bearer token (unset: none)
-        encoding: Literal["png", "float32"] = attrs.field(default="png", validator=in_(ENCODINGS))
+        encoding: Encoding = attrs.field(default="png", validator=one_of(Encoding))
         expect: str = ""  # flowrl: the reward name the server must report at /health ("" accepts any)
         # flowrl: send each prompt's condition images (flowrl-reward/2), for a served reward that reads them (an
         # edit reward); the server's /health says whether it needs them, and a mismatch is refused at start-up
@@ -83,7 +88,7 @@ class RemoteReward(RewardModel):
         score_regex: str = r"Final Score:\s*([0-9]+(?:\.[0-9]+)?)"  # group 1 is the score
         score_scale: float = 0.2  # the parsed score times this (0.2 maps a 1-5 judge to 0.2-1)
         max_tokens: int = attrs.field(default=512, validator=gt(0))
-        on_parse_failure: Literal["error", "zero"] = attrs.field(default="error", validator=in_(("error", "zero")))
+        on_parse_failure: OnParseFailure = attrs.field(default="error", validator=one_of(OnParseFailure))
 
     @staticmethod
     def check_config(config: Any) -> Iterable[tuple[str, str]]:

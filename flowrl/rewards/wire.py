@@ -35,19 +35,21 @@ import binascii
 import io
 import json
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from flowrl.choices import values
 from flowrl.conditions import MODES, Condition, Prompt, conditions_of
 from flowrl.errors import UserError
 
 PROTOCOL = "flowrl-reward/1"  # results and their prompts' text
 PROTOCOL_CONDITIONS = "flowrl-reward/2"  # version 1 and each prompt's condition images
 PROTOCOLS = (PROTOCOL, PROTOCOL_CONDITIONS)
-ENCODINGS = ("png", "float32")
+Encoding = Literal["png", "float32"]  # how an image travels
+ENCODINGS = values(Encoding)
 MAX_SIDE = 8192  # pixels: larger images are refused before any decoding (a PNG can claim any size)
 MAX_CONDITIONS = 8  # condition images a prompt may carry
 

@@ -15,14 +15,15 @@ from typing import Any, Literal
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_, lt, optional
+from attrs.validators import ge, gt, lt, optional
 from torch import Tensor
 
+from flowrl.choices import one_of
 from flowrl.evaluate import STREAM_CHUNK
 from flowrl.interfaces import Backbone
 from flowrl.rng import generator
 
-NOISE_RULES = ("prompt", "stream")
+NoiseRule = Literal["prompt", "stream"]
 
 
 @attrs.frozen
@@ -36,7 +37,7 @@ class Protocol:
     shift: float | None = attrs.field(default=None, validator=optional(gt(0)))
     guidance: float | None = None
     resolution: int | None = attrs.field(default=None, validator=optional(gt(0)))
-    noise: Literal["prompt", "stream"] = attrs.field(default="prompt", validator=in_(NOISE_RULES))
+    noise: NoiseRule = attrs.field(default="prompt", validator=one_of(NoiseRule))
 
     def __attrs_post_init__(self) -> None:
         if self.noise == "stream" and self.images != 1:

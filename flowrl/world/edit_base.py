@@ -17,14 +17,16 @@ scaled so its short side is the resolution (bicubic) and centre-cropped
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import attrs
 import torch
-from attrs.validators import gt, in_
+from attrs.validators import gt
 from torch import Tensor
 
-from flowrl.backbones.flux.adapter import DTYPES, pack_pixels
+from flowrl.backbones.common.settings import DType
+from flowrl.backbones.flux.adapter import pack_pixels
+from flowrl.choices import one_of
 from flowrl.conditions import ConditionSpec, conditions_of, fit_square
 from flowrl.registry import register
 from flowrl.types import Conditioning
@@ -47,7 +49,7 @@ class WorldEdit(WorldTiny):
         resolution: int = attrs.field(default=32, validator=gt(0))
         guidance: float = 3.5
         max_sequence_length: int = attrs.field(default=16, validator=gt(0))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
     @classmethod
     def accepts(cls, config: Any) -> ConditionSpec:

@@ -12,6 +12,7 @@ import torch
 from attrs.validators import deep_iterable, gt, in_
 from torch import Tensor
 
+from flowrl.choices import one_of
 from flowrl.conditions import Condition, Prompt, conditions_of
 from flowrl.interfaces import PromptSource, RewardModel
 from flowrl.registry import register
@@ -19,8 +20,8 @@ from flowrl.world.components import _mean_se
 from flowrl.world.edit import EDIT_KINDS, Edit, balanced_edits, enumerate_edits, parse_instruction
 from flowrl.world.edit_render import render_edit
 from flowrl.world.edit_verify import verify_edit_batch
-from flowrl.world.grammar import SPLITS
 
+EvalSplit = Literal["test", "novel", "train"]  # grammar.SPLITS, in the order the reference shows
 LAYOUT_SEED = 20261216  # fixes each training edit's source drawings
 
 
@@ -34,7 +35,7 @@ class WorldEditPrompts(PromptSource):
 
     @attrs.frozen
     class Config:
-        eval_split: Literal["test", "novel", "train"] = attrs.field(default="test", validator=in_(SPLITS))
+        eval_split: EvalSplit = attrs.field(default="test", validator=one_of(EvalSplit))
         eval_count: int = attrs.field(default=1000, validator=gt(0))  # evaluation prompts, equal per kind
         eval_seed: int = 1234  # fixes which evaluation edits and their sources
         kinds: tuple[str, ...] = attrs.field(default=EDIT_KINDS, validator=deep_iterable(in_(EDIT_KINDS)))

@@ -7,7 +7,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
+
+from flowrl.choices import one_of
+
+Keys = Literal["all", "text"]
 
 
 def _layers(value: Any) -> tuple[int, ...]:
@@ -23,7 +27,7 @@ def _non_negative(_: object, attribute: attrs.Attribute, value: tuple[int, ...])
 class AttentionEntropyOptions:
     """What the probe measures; usable as a recipe sub-table (``[selector.attention]``)."""
 
-    keys: Literal["all", "text"] = attrs.field(default="all", validator=in_(("all", "text")))  # text: renormalised
+    keys: Keys = attrs.field(default="all", validator=one_of(Keys))  # text: renormalised
     normalise: bool = False  # divide by log(key count): values in [0, 1]
     layers: tuple[int, ...] = attrs.field(default=(), converter=_layers, validator=_non_negative)  # () = all
     query_stride: int = attrs.field(default=1, validator=ge(1))  # every k-th image query row

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_
+from attrs.validators import ge, gt
 
 from flowrl.backbones.common.checks import check_rotary_axes
 from flowrl.backbones.common.settings import DType, SigmaGrid
@@ -41,6 +41,7 @@ from flowrl.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
 # the hidden-state layers each pipeline class stacks by default (its __call__'s text_encoder_out_layers)
+Variant = Literal["klein", "dev"]
 OUT_LAYERS = {"klein": (9, 18, 27), "dev": (10, 20, 30)}
 # keeps the user's text only (see the module docstring); handles plain and typed ({"type": "text"}) content
 CHAT_TEMPLATE = (
@@ -60,7 +61,7 @@ class TinyFlux2Spec:
     pipeline patchifies its ``latent_channels`` maps 2x2, so a token has ``4 * latent_channels`` channels and
     there are ``(image_size / (2 * vae_scale_factor))**2`` of them."""
 
-    variant: Literal["klein", "dev"] = attrs.field(default="klein", validator=in_(tuple(OUT_LAYERS)))
+    variant: Variant = attrs.field(default="klein", validator=one_of(Variant))
     distilled: bool = False  # klein only: the pipeline's is_distilled (no CFG); dev is always guidance-distilled
     image_size: int = attrs.field(default=32, validator=gt(0))
     num_layers: int = attrs.field(default=1, validator=ge(0))  # double-stream blocks
@@ -204,7 +205,7 @@ class TinyFlux2(TwinBackbone, Flux2Adapter):
     @attrs.frozen
     class Config:
         seed: int = attrs.field(default=0, validator=ge(0))  # weight initialisation seed
-        variant: Literal["klein", "dev"] = attrs.field(default="klein", validator=in_(tuple(OUT_LAYERS)))
+        variant: Variant = attrs.field(default="klein", validator=one_of(Variant))
         distilled: bool = False  # klein: the pipeline's is_distilled (False: klein-base, CFG with a negative forward)
         resolution: int = attrs.field(default=32, validator=gt(0))  # image side in pixels (multiple of 4)
         num_layers: int = attrs.field(default=1, validator=ge(0))  # double-stream blocks

@@ -6,10 +6,11 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
-from attrs.validators import ge, gt, in_, optional
+from attrs.validators import ge, gt, optional
 
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, build, register, registry
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+from flowrl.choices import one_of
 from flowrl.config import ConfigError, structure, unstructure
 from flowrl.contracts import Need, provided, required
 from flowrl.interfaces import AttentionEntropyProbe
@@ -18,6 +19,8 @@ from flowrl.rng import RolloutRNG
 from flowrl_zoo.aegpo.allocation import delta_entropy, group_sizes
 from flowrl_zoo.aegpo.probe import entropy_curves
 from flowrl_zoo.aegpo.selector import PROBE_INFO
+
+Allocation = Literal["proportional", "softmax", "tiers"]
 
 
 def host_table(value: Any) -> dict[str, Any]:
@@ -75,9 +78,7 @@ class EntropyAllocation(RolloutSampler):
         host: dict[str, Any] = attrs.field(
             factory=lambda: {"type": "independent"}, converter=host_table, validator=check_host
         )
-        allocation: Literal["proportional", "softmax", "tiers"] = attrs.field(
-            default="proportional", validator=in_(("proportional", "softmax", "tiers"))
-        )
+        allocation: Allocation = attrs.field(default="proportional", validator=one_of(Allocation))
         temperature: float = attrs.field(default=1.0, validator=gt(0))  # softmax over ΔEntropy / its batch mean
         tiers: int = attrs.field(default=3, validator=ge(1))  # bands of the tiers allocation
         min_group: int = attrs.field(default=2, validator=ge(2))  # fewest rollouts a prompt gets

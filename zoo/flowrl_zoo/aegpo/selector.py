@@ -6,15 +6,18 @@ from typing import Any, Literal
 
 import attrs
 import torch
-from attrs.validators import ge, in_
+from attrs.validators import ge
 
 from flowrl import Backbone, Plan, Schedule, TimestepSelector, Unit, register
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+from flowrl.choices import one_of
 from flowrl.entropy import jump_std, merged_entropy
 from flowrl.interfaces import AttentionEntropyProbe
 from flowrl.selectors import merged_if
 from flowrl_zoo.aegpo.probe import entropy_curves
 
+Mode = Literal["topk", "peaks"]
+UnitRule = Literal["single", "egrpo"]
 PROBE_INFO = "aegpo/probe"  # plan.info key: the per-prompt curves, shared with aegpo_allocate
 
 
@@ -62,8 +65,8 @@ class AttentionEntropyTopK(TimestepSelector):
     @attrs.frozen
     class Config:
         k: int = attrs.field(default=4, validator=ge(1))  # exploration steps (units) per iteration
-        mode: Literal["topk", "peaks"] = attrs.field(default="topk", validator=in_(("topk", "peaks")))
-        unit_rule: Literal["single", "egrpo"] = attrs.field(default="single", validator=in_(("single", "egrpo")))
+        mode: Mode = attrs.field(default="topk", validator=one_of(Mode))
+        unit_rule: UnitRule = attrs.field(default="single", validator=one_of(UnitRule))
         tau: float = 1.0  # egrpo rule: nats per dimension a merged jump must reach
         max_merge: int = attrs.field(default=8, validator=ge(1))  # egrpo rule: longest merge considered
         fill: bool = True  # replace overlapping units / missing peaks by the next-ranked steps (K units always)

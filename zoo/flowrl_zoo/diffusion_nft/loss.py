@@ -6,13 +6,16 @@ from typing import Literal
 
 import attrs
 import torch
-from attrs.validators import ge, gt, in_, le
+from attrs.validators import ge, gt, le
 from torch import Tensor
 
 from flowrl import register
+from flowrl.choices import one_of
 from flowrl.interfaces import ForwardProcessLoss
 from flowrl.types import ForwardProcessInputs
 
+OldPolicy = Literal["rollout", "lagged"]
+SamplerPolicy = Literal["policy", "old"]
 MIN_WEIGHT = 1e-5  # floor of the adaptive weight (mean absolute error)
 
 
@@ -74,14 +77,14 @@ class DiffusionNFTLoss(ForwardProcessLoss):
         adv_clip: float = attrs.field(default=5.0, validator=gt(0))  # c: advantages clipped to [-c, c]
         scale_by_clip: bool = True  # multiply the policy loss by c (docs/algorithms.md); false: by 1
         kl_beta: float = attrs.field(default=0.0, validator=ge(0))  # weight of mean((v - v_ref)^2)
-        old_policy: Literal["rollout", "lagged"] = attrs.field(
-            default="rollout", validator=in_(("rollout", "lagged"))
+        old_policy: OldPolicy = attrs.field(
+            default="rollout", validator=one_of(OldPolicy)
         )  # v_old: the sampling policy, or a lagged copy of the weights
         decay_flat: int = attrs.field(default=0, validator=ge(0))  # lagged: steps at decay 0 (the copy follows)
         decay_rate: float = attrs.field(default=0.001, validator=ge(0))  # lagged: decay growth per step after them
         decay_max: float = attrs.field(default=0.5, validator=[ge(0), le(1)])  # lagged: the decay's cap
         # who samples the rollouts: "policy" (the trained weights) or "old" (the lagged copy, as the official code)
-        sampler_policy: Literal["policy", "old"] = attrs.field(default="policy", validator=in_(("policy", "old")))
+        sampler_policy: SamplerPolicy = attrs.field(default="policy", validator=one_of(SamplerPolicy))
         levels: int = attrs.field(default=1, validator=ge(1))  # noise levels per rollout and update
         level_shift: float = attrs.field(default=1.0, validator=gt(0))  # time shift of the levels (1: uniform bins)
 

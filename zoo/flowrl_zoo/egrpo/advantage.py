@@ -12,9 +12,11 @@ from torch import Tensor
 
 from flowrl import AdvantageEstimator, Advantages, RewardBatch, Rollout, register
 from flowrl.advantages import group_normalize
+from flowrl.choices import one_of
 from flowrl.contracts import needs
 from flowrl.extras import PerRollout, RolloutIds
 
+Combine = Literal["sum", "mean"]  # over the K granularities
 GRANULARITY = "granularity"  # Rollout.extras: (R,) long, which tail grid finished each image (0 .. K-1)
 BRANCH = "branch"  # Rollout.extras: (R,) long ids, the jump (one trained transition) each image finishes
 
@@ -88,7 +90,7 @@ class MultiGranularAdvantage(AdvantageEstimator):
     class Config:
         eps: float = attrs.field(default=1e-4, validator=ge(0))
         unbiased: bool = False  # Bessel-corrected std within a (prompt, unit, granularity) set
-        combine: Literal["sum", "mean"] = attrs.field(default="sum", validator=in_(("sum", "mean")))  # over K
+        combine: Combine = attrs.field(default="sum", validator=one_of(Combine))  # over K
         clip: float | None = attrs.field(default=5.0, validator=_nonneg_or_none)  # None or 0: no clip
         multi_reward: str = attrs.field(
             default="sum_then_normalize", validator=in_(("sum_then_normalize", "normalize_then_sum"))
