@@ -12,10 +12,12 @@ import torch
 from attrs.validators import gt, in_
 from torch import Tensor
 
-from flowrl.backbones.flux.adapter import DTYPES, FluxFromPretrained
+from flowrl.backbones.common.settings import DType
+from flowrl.backbones.flux.adapter import FluxFromPretrained
+from flowrl.choices import one_of
 from flowrl.interfaces import PromptSource, RewardModel
 from flowrl.registry import register
-from flowrl.world.grammar import KINDS, SPLITS, Scene, balanced_scenes, enumerate_scenes, parse
+from flowrl.world.grammar import KINDS, EvalSplit, Scene, balanced_scenes, enumerate_scenes, parse
 from flowrl.world.verify import score_batch, verify_batch
 
 BASE_MODEL = Path(__file__).with_name("base_model")
@@ -29,7 +31,7 @@ class WorldPrompts(PromptSource):
 
     @attrs.frozen
     class Config:
-        eval_split: Literal["test", "novel", "train"] = attrs.field(default="test", validator=in_(SPLITS))
+        eval_split: EvalSplit = attrs.field(default="test", validator=one_of(EvalSplit))
         eval_count: int = attrs.field(default=256, validator=gt(0))  # evaluation prompts, equal per kind
         eval_seed: int = 1234  # fixes which evaluation prompts
         kinds: tuple[str, ...] = attrs.field(default=KINDS, validator=attrs.validators.deep_iterable(in_(KINDS)))
@@ -106,7 +108,7 @@ class WorldTiny(FluxFromPretrained):
         resolution: int = attrs.field(default=32, validator=gt(0))
         guidance: float = 3.5
         max_sequence_length: int = attrs.field(default=16, validator=gt(0))
-        dtype: Literal["float32", "bfloat16", "float16"] = attrs.field(default="float32", validator=in_(tuple(DTYPES)))
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:

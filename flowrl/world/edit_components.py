@@ -20,8 +20,8 @@ from flowrl.world.components import _mean_se
 from flowrl.world.edit import EDIT_KINDS, Edit, balanced_edits, enumerate_edits, parse_instruction
 from flowrl.world.edit_render import render_edit
 from flowrl.world.edit_verify import verify_edit_batch
+from flowrl.world.grammar import EvalSplit
 
-EvalSplit = Literal["test", "novel", "train"]  # grammar.SPLITS, in the order the reference shows
 LAYOUT_SEED = 20261216  # fixes each training edit's source drawings
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import attrs
 import numpy as np
@@ -49,6 +50,7 @@ RELATION_AXES: dict[str, tuple[int, int]] = {
 COUNT_WORDS: dict[int, str] = {1: "a", 2: "two", 3: "three"}
 KINDS: tuple[str, ...] = ("single", "count", "pair", "relation")
 SPLITS: tuple[str, ...] = ("train", "test", "novel")
+EvalSplit = Literal["test", "novel", "train"]  # a prompt source's `eval_split` setting: SPLITS, the default first
 PRETRAIN_SPLITS: tuple[str, ...] = ("train", "test")  # what the base model is pre-trained on
 TEST_SEED = 20261201  # fixes the train / test division
 
