@@ -119,7 +119,7 @@ def edit_prompt_file(folder: Path, mode: str) -> Path:
     (folder / "edits.jsonl").write_text(json.dumps({"prompt": text, "image": "source.png"}) + "\n")
     text = Path(EDIT).read_text().replace(
         'type = "world_edit"', 'type = "jsonl"\npath = "edits.jsonl"\nheldout_path = "edits.jsonl"\n#', 1
-    )
+    ).replace("\neval_count = ", "\n# eval_count = ", 1)  # a world_edit setting the prompt file does not take
     recipe = folder / f"edit_{mode}.toml"
     recipe.write_text(text)
     return recipe
