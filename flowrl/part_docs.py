@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import inspect
 import io
-import json
-import math
 import re
 import textwrap
 import tokenize
@@ -16,6 +14,8 @@ import typing
 from typing import Any
 
 import attrs
+
+from flowrl.tomlwrite import scalar
 
 
 # -- docstrings ------------------------------------------------------------------------------------------
@@ -105,16 +105,8 @@ def field_type(config: type, field: attrs.Attribute) -> str:
 def toml_value(value: Any) -> str:
     if value is None:
         return "unset"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
+    if isinstance(value, bool | int | float | str):
+        return scalar(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):

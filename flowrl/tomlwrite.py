@@ -43,6 +43,13 @@ def _key(key: str) -> str:
 
 
 def _value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(v) for v in value if v is not None) + "]"
+    return scalar(value)
+
+
+def scalar(value: Any) -> str:
+    """A boolean, integer, float or string as TOML writes it (a ``TypeError`` for anything else)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -55,6 +62,4 @@ def _value(value: Any) -> str:
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_value(v) for v in value if v is not None) + "]"
     raise TypeError(f"cannot write {value!r} to TOML")
