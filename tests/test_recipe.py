@@ -98,7 +98,7 @@ def test_multi_reward_names_must_differ() -> None:
 def test_attention_kernels_setting() -> None:
     import torch
 
-    from flowrl.trainer.support import allow_attention_kernels
+    from flowrl.trainer.process import allow_attention_kernels
 
     assert recipe_from_dict(tiny_recipe()).trainer.attention_kernels == "no-cudnn"
     data = tiny_recipe()

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +14,6 @@ from flowrl.errors import UserError
 from flowrl.recipe import RecipeError, load_recipe
 from flowrl.registry import KINDS, registry, summary
 from flowrl.trainer.checkpoints.folder import CheckpointError, find_checkpoint
-from flowrl.trainer.runfolder import RunFolderError
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -29,8 +27,8 @@ USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 
 def train(args: argparse.Namespace) -> int:
     from flowrl.cluster import process_rank
     from flowrl.trainer import train as run_training
+    from flowrl.trainer.runfolder import RunFolder
     from flowrl.trainer.summary import run_summary
-    from flowrl.trainer.writes import check_writable, refused_writes
 
     own: list[str] = []
     if args.resume:  # fail before any folder is created or written, and before any model loads
@@ -42,20 +40,11 @@ def train(args: argparse.Namespace) -> int:
 
         own = own_lora(checkpoint, Path(args.recipe))  # a moved run resumes without the LoRA file it started from
     recipe = load_recipe(args.recipe, [*own, *args.set])
-    if args.resume and not args.output_dir:
-        run_dir = Path(args.resume)
-        run_dir = run_dir.parent.parent if run_dir.parent.name == "checkpoints" else run_dir
-    else:
-        run_dir = Path(args.output_dir or f"runs/{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
-    if blocked is not None:  # before the model loads: the folder could never be made
-        raise RunFolderError(f"--output-dir {run_dir}: {blocked} is a file, not a folder; choose another --output-dir")
+    folder = RunFolder.for_training(recipe.name, args.output_dir, args.resume)
     main_process = process_rank(os.environ)[0] == 0  # checked: a malformed variable is one line naming it
-    if main_process:  # one process probes (another's probe folder could vanish under it)
-        check_writable(run_dir, "--output-dir")  # before the model loads
-    # a write the file system refuses anywhere in the run (full, read-only, unwritable): one line naming the file
-    with refused_writes(run_dir, "free space (or mend the folder) and continue with --resume"):
-        out = run_training(recipe, run_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
+    folder.check(probe=main_process)  # before the model loads: it can be made and written
+    with folder.refused_writes():  # a write refused anywhere in the run: one line naming the file
+        out = run_training(recipe, folder, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     if main_process:
         print(run_summary(out, recipe.trainer.keep_best, recipe))
     return 0

@@ -17,19 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
-from flowrl.condition_checks import check_reward_conditions
-from flowrl.conditions import check_source
-from flowrl.interfaces import Backbone
 from flowrl.recipe import Recipe
 from flowrl.rng import generator
 from flowrl.trainer.advantage import global_advantages
 from flowrl.trainer.budget import Budget
-from flowrl.trainer.checkpoints.folder import find_checkpoint, list_checkpoints
+from flowrl.trainer.checkpoints.folder import find_checkpoint
 from flowrl.trainer.checkpoints.restart import RestartPoint
-from flowrl.trainer.checkpoints.resume import check_resume, record_resume
+from flowrl.trainer.checkpoints.resume import check_resume
 from flowrl.trainer.checkpoints.saving import RunCheckpoints, best_figure
 from flowrl.trainer.distributed import reduce_metrics, shared_stop
 from flowrl.trainer.drift import policy_drift
@@ -39,106 +35,71 @@ from flowrl.trainer.lagged import wants_lagged
 from flowrl.trainer.logger import RunLogger
 from flowrl.trainer.memory import RolloutFits
 from flowrl.trainer.metrics import iteration_metrics
-from flowrl.trainer.overlap import overlapped
+from flowrl.trainer.parts import RunParts, build_parts
 from flowrl.trainer.policy import TrainedPolicy
+from flowrl.trainer.process import start_process
 from flowrl.trainer.reference import no_reference
 from flowrl.trainer.retain import Retention
-from flowrl.trainer.rewards import reward_models, score_rollout
 from flowrl.trainer.rollout import RolloutPhase
 from flowrl.trainer.run_errors import NothingTrainedError, RunInterrupted
-from flowrl.trainer.runfolder import already_a_run, lock_run_folder
-from flowrl.trainer.sharding import check_launch
-from flowrl.trainer.support import StopSignal, allow_attention_kernels, seed_everything
-from flowrl.trainer.trackers import check_trackers
+from flowrl.trainer.runfolder import RunFolder
+from flowrl.trainer.stop import StopSignal
 from flowrl.trainer.update import PolicyUpdate
-from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
+from flowrl.types import Advantages, RewardBatch, Rollout
+
+
+def _part(name: str) -> Any:
+    """A read-only attribute of the trainer that is one of its :class:`RunParts`."""
+    return property(lambda self: getattr(self.parts, name), doc=f"The run's {name} (:class:`RunParts`).")
 
 
 class Trainer:
-    """Builds every part of a recipe and runs the loop; ``run()`` trains to ``trainer.max_steps``."""
+    """Builds every part of a recipe and runs the loop; ``run()`` trains to ``trainer.max_steps``. ``run_dir`` is a
+    :class:`~flowrl.trainer.runfolder.RunFolder` (the command line's, checked) or a path."""
 
-    def __init__(self, recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> None:
-        from accelerate import Accelerator
+    prompts, selector, sampler, estimator, backbone = map(_part, ("prompts", "selector", "sampler", "estimator",
+                                                                  "backbone"))
+    loss_fn, schedule, eval_schedule = _part("loss"), _part("schedule"), _part("eval_schedule")
 
+    def __init__(self, recipe: Recipe, run_dir: RunFolder | Path, resume: Path | None = None,
+                 quiet: bool = False) -> None:
         checkpoint = find_checkpoint(resume, exported=False) if resume is not None else None
         changes = check_resume(checkpoint, recipe) if checkpoint is not None else []  # before anything loads
-        self.recipe, self.cfg, self.run_dir, self.quiet = recipe, recipe.trainer, Path(run_dir), quiet
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=self.cfg.mixed_precision)
-        check_launch(str(self.accelerator.distributed_type.value))
-        seed_everything(recipe.seed + self.accelerator.process_index)
-        if self.cfg.torch_threads:
-            torch.set_num_threads(self.cfg.torch_threads)
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-            allow_attention_kernels(self.cfg.attention_kernels)
-        # Rewards and trackers first: missing weights or extras fail before the backbone loads.
-        self.rewards = reward_models(recipe)
-        check_trackers(self.cfg.loggers)
-        self.prompts = recipe.build("prompts")
-        check_source(self.prompts, recipe.parts["backbone"])  # its condition images suit the base, before it loads
-        check_reward_conditions(recipe, self.prompts)  # a reward that reads the source gets prompts with one
-        self.selector = recipe.build("selector")
-        self.sampler = overlapped(recipe.build("sampler"), self.rewards, self.cfg.overlap_chunks)  # trainer.overlap
-        self.estimator = recipe.build("advantage")
-        self.loss_fn = recipe.build("loss")
-        kernel = recipe.build("kernel")
-        self.backbone: Backbone = recipe.build("backbone")
-        self.backbone.to(self.accelerator.device)
-        grid = recipe.schedule
-        self.schedule = Schedule(sigmas=self.backbone.schedule_sigmas(grid.num_steps, grid.shift), kernel=kernel)
-        pixels = int(getattr(self.backbone.config, "resolution", 0)) ** 2
-        fits = RolloutFits(recipe.source, self.sampler, grid.num_steps, self.backbone.latent_shape, pixels,
-                           self.accelerator.device)
-        fits.check(self.cfg.prompts_per_step)  # the smallest plan now; the first iteration's plan before it runs
-        eval_sigmas = self.backbone.schedule_sigmas(self.cfg.eval_steps, grid.shift)
-        self.eval_schedule = Schedule(sigmas=eval_sigmas, kernel=kernel)  # ODE only: the kernel is unused
-        probes_reference = self.selector.needs_reference or self.sampler.needs_reference
-        needs_reference = probes_reference or self.loss_fn.needs_reference
-        lagged = wants_lagged(self.loss_fn)
-        self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, needs_reference, lagged)
+        self.folder = run_dir if isinstance(run_dir, RunFolder) else RunFolder(run_dir)
+        self.recipe, self.cfg, self.run_dir, self.quiet = recipe, recipe.trainer, self.folder.path, quiet
+        # 1. the process, then the parts: rewards and trackers first, so missing weights fail before the base loads
+        self.accelerator = start_process(recipe)
+        self.parts: RunParts = build_parts(recipe, self.accelerator.device)
+        self.rewards = self.parts.rewards.rewards
+        fits = RolloutFits.of(recipe, self.parts, self.accelerator.device)  # the smallest plan checked now
+        # 2. the trained policy (with its frozen reference where a probe or the loss reads one)
+        self.policy = TrainedPolicy(self.backbone, recipe, self.accelerator, self.parts.needs_reference,
+                                    wants_lagged(self.loss_fn))
         self.named_params = self.policy.named_params
-        several = self.accelerator.num_processes > 1
-        self.retention = Retention(recipe, self.backbone, several)  # trainer.update: what the rollout keeps
-        self.rollouts = RolloutPhase(recipe, self.selector, self.sampler, self.loss_fn, self.policy, self.schedule,
-                                     self.retention, fits)
+        # 3. the phases, each building what only it uses
+        self.retention = Retention(recipe, self.backbone, self.accelerator.num_processes > 1)  # what rollouts keep
+        self.rollouts = RolloutPhase(recipe, self.parts, self.policy, self.retention, fits)
         self.updater = PolicyUpdate(recipe, self.policy, self.loss_fn, self.schedule)
-        # Every part's state_dict is checkpointed (a stateful estimator or reward resumes like a selector).
-        parts: dict[str, Any] = {
-            "selector": self.selector,
-            "sampler": self.sampler,
-            "kernel": kernel,
-            "advantage": self.estimator,
-            "loss": self.loss_fn,
-            "prompts": self.prompts,
-        }
-        parts.update({f"reward/{reward.name}": reward.model for reward in self.rewards})
         self.heldout = HeldOut(self.prompts, self.rewards, self.eval_schedule, self.cfg, self.policy)
-        self.checkpoints = RunCheckpoints(self.run_dir, recipe, self.policy, parts, self.heldout.grid)
-        # a part that fails before an iteration's update: that iteration's start is checkpointed
-        self.restart = RestartPoint(parts, self.checkpoints.save, self.accelerator.num_processes)
-        self.step = 0
-        self.nfe = 0
-        self.rows = 0  # all transformer rows: rollouts' plus the update's twice (forward, backward): docs/concepts.md
-        self.wall = 0.0
-        self.budget = Budget(self.cfg, self.accelerator)
+        # 4. checkpoints of every stateful part, the loop's counters and its guards
+        self.checkpoints = RunCheckpoints(self.folder, recipe, self.policy, self.parts.stateful(), self.heldout.grid)
+        self.restart = RestartPoint(self.parts.stateful(), self.checkpoints.save, self.accelerator.num_processes)
+        self.step, self.nfe, self.rows, self.wall = 0, 0, 0, 0.0  # rows: rollouts' and the update's (concepts.md)
         self.best_value = -math.inf  # the best value of trainer.keep_best's figure so far (step 0 included)
+        self.budget = Budget(self.cfg, self.accelerator)
         self.alerts = HealthAlerts(self.cfg.alert_diversity, self.cfg.alert_eval_falls)
-        # One writer per run folder: the lock comes before the checks, so two runs started together cannot
-        # both pass them; nothing in the folder is rewritten until every check has passed.
-        self._lock = lock_run_folder(self.run_dir) if self.accelerator.is_main_process else None
+        # 5. the run folder: locked, checked, then written (nothing is rewritten until every check has passed)
+        self.folder.open(self.accelerator.is_main_process, resuming=checkpoint is not None)
         try:
             if checkpoint is not None:
                 self._resume(checkpoint)
-            elif (self.run_dir / "metrics.jsonl").exists():
-                raise already_a_run(self.run_dir, bool(list_checkpoints(self.run_dir / "checkpoints")))
             self.logger = RunLogger(self.run_dir, self.accelerator.is_main_process, self.step, recipe)
         except BaseException:
             self.release()
             raise
         if self.accelerator.is_main_process:
-            if changes and checkpoint is not None:
-                tqdm.write(record_resume(self.run_dir, checkpoint, self.step, changes), file=sys.stderr)
-            (self.run_dir / "recipe.toml").write_text(recipe.to_toml())
+            resumed = (checkpoint, self.step, changes) if checkpoint is not None else None
+            self.folder.write_recipe(recipe.to_toml(), resumed)
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> Path:
@@ -192,9 +153,7 @@ class Trainer:
 
     def release(self) -> None:
         """Give up the run folder's lock (after the last write; another process may then resume the run)."""
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
+        self.folder.release()
 
     def finished(self) -> bool:
         """The step limit, the NFE budget or the time limit is reached."""
@@ -277,7 +236,7 @@ class Trainer:
     def score(self, rollout: Rollout) -> RewardBatch:
         """Every reward's scores of the rollout; those the sampler declares it computed already (an overlapped
         rollout's: RolloutSampler.precomputed_scores) are taken as they are."""
-        return score_rollout(self.rewards, rollout, self.sampler.precomputed_scores)
+        return self.parts.rewards(rollout, self.sampler)
 
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
         """The policy update of this iteration (flowrl.trainer.update), through the graphs the rollout kept."""
@@ -317,10 +276,10 @@ class Trainer:
     def _resume(self, folder: Path) -> None:
         c = self.checkpoints.resume(folder)
         self.step, self.nfe, self.wall, self.rows = c["step"], c["nfe"], c["wall_s"], c["rows"]
-        self.updater.skipped = c["skipped"]
+        self.updater.restore(c["skipped"])
         self.best_value = c["best_value"]
 
 
-def train(recipe: Recipe, run_dir: Path, resume: Path | None = None, quiet: bool = False) -> Path:
+def train(recipe: Recipe, run_dir: RunFolder | Path, resume: Path | None = None, quiet: bool = False) -> Path:
     """Train ``recipe`` into ``run_dir`` (resuming from a run or checkpoint folder if given)."""
     return Trainer(recipe, run_dir, resume=resume, quiet=quiet).run()

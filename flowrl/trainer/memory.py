@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from flowrl.interfaces import RolloutSampler
-from flowrl.recipe import RecipeError
+from flowrl.recipe import Recipe, RecipeError
 from flowrl.types import Plan, Unit
+
+if TYPE_CHECKING:
+    from flowrl.trainer.parts import RunParts
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -50,6 +54,16 @@ class RolloutFits:
         self.source, self.sampler, self.num_steps = source, sampler, num_steps
         self.latent_shape, self.image_pixels, self.device = tuple(latent_shape), image_pixels, device
         self.planned = False  # checked with a real plan
+
+    @classmethod
+    def of(cls, recipe: Recipe, parts: RunParts, device: torch.device) -> RolloutFits:
+        """The pre-check of a run's parts, made at once with the smallest plan (``trainer.prompts_per_step``
+        prompts); the rollout phase makes it again with the first iteration's plan."""
+        backbone, num_steps = parts.backbone, recipe.schedule.num_steps
+        pixels = int(getattr(backbone.config, "resolution", 0)) ** 2
+        fits = cls(recipe.source, parts.sampler, num_steps, backbone.latent_shape, pixels, device)
+        fits.check(recipe.trainer.prompts_per_step)
+        return fits
 
     def check(self, prompts: int, plan: Plan | None = None) -> None:
         """Raise a :class:`RecipeError` when ``prompts`` prompts' rollouts under ``plan`` (None: the smallest)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from flowrl.trainer.health import rollout_health
-from flowrl.trainer.support import peak_memory_mb, plan_scalars
 from flowrl.types import Advantages, Plan, RewardBatch, Rollout
 
 
@@ -32,3 +33,26 @@ def iteration_metrics(
     metrics.update({"time/iteration_s": total, "time/transformer_s": model})
     metrics.update({"time/outside_share": max(0.0, 1 - model / total), "mem/peak_mb": peak_memory_mb()})
     return metrics
+
+
+def plan_scalars(plan: Plan) -> dict[str, float]:
+    """The numeric entries of ``plan.info`` (a selector's or allocator's diagnostics) as ``plan/<key>``;
+    lists of numbers are summarised by their mean, min and max."""
+    out: dict[str, float] = {}
+    for key, value in plan.info.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[f"plan/{key}"] = float(value)
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
+            numbers = [float(v) for v in value]
+            out.update({f"plan/{key}/mean": sum(numbers) / len(numbers), f"plan/{key}/max": max(numbers)})
+            out[f"plan/{key}/min"] = min(numbers)
+    return out
+
+
+def peak_memory_mb() -> float:
+    """Peak memory so far: the GPU allocator's peak on CUDA, else the process's peak resident set."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,21 +1,38 @@
 """The reward phase: the recipe's rewards, built and checked before the model loads, and applied to a
-rollout's images."""
+rollout's images (:class:`RewardPhase` owns them for a run)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from flowrl.errors import part_failure
-from flowrl.interfaces import RewardError
+from flowrl.interfaces import RewardError, RolloutSampler
 from flowrl.recipe import Recipe
 from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import score_pictures
 from flowrl.types import RewardBatch, Rollout
 
 Precomputed = Callable[[str, Tensor], "Tensor | None"]  # (reward name, images) -> scores already computed, or None
+
+
+class RewardPhase:
+    """The run's rewards (:func:`reward_models`) and the scoring of each iteration's rollout. Scores the sampler
+    declares it computed already (:meth:`flowrl.interfaces.RolloutSampler.precomputed_scores`: an overlapped
+    rollout's) are taken as they are; nothing here asks what kind of sampler it is."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.rewards = reward_models(recipe)
+
+    def __call__(self, rollout: Rollout, sampler: RolloutSampler) -> RewardBatch:
+        return score_rollout(self.rewards, rollout, sampler.precomputed_scores)
+
+    def stateful(self) -> dict[str, Any]:
+        """Each reward model under ``reward/<name>``: its state is checkpointed like a selector's."""
+        return {f"reward/{reward.name}": reward.model for reward in self.rewards}
 
 
 def reward_models(recipe: Recipe) -> list[BuiltReward]:

@@ -9,9 +9,10 @@ first rollout the memory pre-check is made again with the first plan (:class:`fl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from flowrl.interfaces import Loss, RolloutSampler, TimestepSelector
 from flowrl.recipe import Recipe
 from flowrl.rng import RolloutRNG, generator
 from flowrl.selectors import observed_plan
@@ -19,19 +20,22 @@ from flowrl.trainer.lagged import samples_from_lagged
 from flowrl.trainer.memory import RolloutFits
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.retain import Retention
-from flowrl.types import Plan, Rollout, Schedule
+from flowrl.types import Plan, Rollout
+
+if TYPE_CHECKING:
+    from flowrl.trainer.parts import RunParts
 
 
 class RolloutPhase:
     """Plans and rolls out one iteration's prompts (this process's slice of the global batch)."""
 
-    def __init__(self, recipe: Recipe, selector: TimestepSelector, sampler: RolloutSampler, loss: Loss,
-                 policy: TrainedPolicy, schedule: Schedule, retention: Retention, fits: RolloutFits) -> None:
-        self.recipe, self.selector, self.sampler, self.policy = recipe, selector, sampler, policy
-        self.schedule, self.retention, self.fits = schedule, retention, fits
-        self.from_lagged = samples_from_lagged(loss)
+    def __init__(self, recipe: Recipe, parts: RunParts, policy: TrainedPolicy, retention: Retention,
+                 fits: RolloutFits) -> None:
+        self.recipe, self.selector, self.sampler, self.policy = recipe, parts.selector, parts.sampler, policy
+        self.schedule, self.retention, self.fits = parts.schedule, retention, fits
+        self.from_lagged = samples_from_lagged(parts.loss)
         # the frozen reference's weights too, when sharded, where a probe of the plan or the sampler uses them
-        self.probes_reference = selector.needs_reference or sampler.needs_reference
+        self.probes_reference = parts.probes_reference
 
     def __call__(self, prompts: list[str], step: int, first_row: int) -> tuple[Plan, Rollout]:
         """The plan and the rollout of iteration ``step``; ``first_row`` is the global index of the first prompt

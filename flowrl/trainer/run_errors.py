@@ -4,7 +4,6 @@ and the interruption that makes ``flowrl train`` exit 130, 143 or 129."""
 from __future__ import annotations
 
 from flowrl.errors import UserError
-from flowrl.trainer.runfolder import RunFolderError
 
 __all__ = [
     "BestMetricError",
@@ -30,6 +29,10 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
         self.signal = signal_name
+
+
+class RunFolderError(UserError, ValueError):
+    """The output folder already holds a run that a fresh run would overwrite, or another process uses it."""
 
 
 class BestMetricError(UserError, ValueError):

@@ -45,6 +45,10 @@ class PolicyUpdate:
         self.rows = 0  # transformer rows of the last update: each forward row twice (with its backward), each
         # retained row once (its forward was the rollout's)
 
+    def restore(self, skipped: int) -> None:
+        """A resumed run's count of skipped iterations (its checkpoint's); ``updates`` counts this process's own."""
+        self.skipped = skipped
+
     def __call__(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch, step: int,
                  retained: RetainedVelocities | None = None) -> dict[str, float]:
         """Inner epochs over the rollout's transitions; one optimizer step each. Non-finite steps are skipped.

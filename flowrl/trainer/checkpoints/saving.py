@@ -31,7 +31,7 @@ from flowrl.trainer.heldout import Grid
 from flowrl.trainer.logger import write_grid
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.run_errors import BestMetricError, NonFiniteError
-from flowrl.trainer.runfolder import check_history
+from flowrl.trainer.runfolder import RunFolder
 from flowrl.trainer.sharding import merge_slices
 
 
@@ -56,13 +56,14 @@ class RunCheckpoints:
 
     def __init__(
         self,
-        run_dir: Path,
+        folder: RunFolder,
         recipe: Recipe,
         policy: TrainedPolicy,
         components: dict[str, Component],
         grid: Callable[[int], Grid | None],
     ) -> None:
-        self.run_dir, self.recipe, self.policy, self.accelerator = run_dir, recipe, policy, policy.accelerator
+        self.folder, self.run_dir = folder, folder.path
+        self.recipe, self.policy, self.accelerator = recipe, policy, policy.accelerator
         self.components, self.grid = components, grid
         self.saved_step: int | None = None  # the step of the checkpoint written (or resumed from) last
 
@@ -137,7 +138,7 @@ class RunCheckpoints:
                 raise CheckpointError(f"checkpoint {folder}: extra.pt is missing (the optimizer, RNG and part states"
                                       "); resume from another step_* folder")
             raise CheckpointError(f"checkpoint {folder} holds weights only (a best checkpoint); resume from a step_*")
-        check_history(self.run_dir, Path(folder), int(state["step"]), self.recipe.trainer.log_every)
+        self.folder.check_history(Path(folder), int(state["step"]), self.recipe.trainer.log_every)
         # A sharded run's optimizer and EMA state is one slice per process; another process count (or no
         # sharding) resumes from the slices merged into full tensors.
         written = int(state.get("sharded_processes", 0))
