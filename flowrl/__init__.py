@@ -1,13 +1,18 @@
 """flowrl: reinforcement-learning fine-tuning of flow-matching text-to-image models, as composable parts.
 
 Public API: :func:`build`, :func:`available`, :func:`load_recipe`, :func:`register`, the interfaces and
-the batch types.
+the batch types. The packages: :mod:`flowrl.core` (the contracts), :mod:`flowrl.config` (recipes),
+:mod:`flowrl.parts` (the built-in parts), :mod:`flowrl.trainer`, :mod:`flowrl.evaluation`, the feature packages
+(backbones, rewards, world, suites, bench, report, export, serve, pretrain, conformance), :mod:`flowrl.cli` and
+:mod:`flowrl.utils`; the module paths from before this grouping (``flowrl.selectors``, ``flowrl.recipe``, ...)
+still import (:mod:`flowrl._moved`).
 """
 
-from flowrl import quiet
-from flowrl.errors import UserError
-from flowrl.extras import Extra, PerRollout, RolloutIds
-from flowrl.interfaces import (
+from flowrl import _moved  # noqa: F401  (first: its finder answers the old module paths; a plugin may name one)
+from flowrl.config.recipe import Recipe, RecipeError, load_recipe
+from flowrl.core.errors import UserError
+from flowrl.core.extras import Extra, PerRollout, RolloutIds
+from flowrl.core.interfaces import (
     AdvantageEstimator,
     Backbone,
     Component,
@@ -20,10 +25,8 @@ from flowrl.interfaces import (
     TimestepSelector,
     TransitionKernel,
 )
-from flowrl.recipe import Recipe, RecipeError, load_recipe
-from flowrl.registry import KINDS, available, build, register, registry
-from flowrl.suites import interface as _suite_interface  # noqa: F401  (gives the 'suite' kind its interface)
-from flowrl.types import (
+from flowrl.core.registry import KINDS, available, build, register, registry
+from flowrl.core.types import (
     Advantages,
     Conditioning,
     LossInputs,
@@ -36,10 +39,17 @@ from flowrl.types import (
     Transitions,
     Unit,
 )
+from flowrl.suites import interface as _suite_interface  # noqa: F401  (gives the 'suite' kind its interface)
+from flowrl.utils import quiet
 
-quiet.install()  # transformers' torchvision fallback warning: nothing a flowrl user can act on (flowrl.quiet)
+quiet.install()  # transformers' torchvision fallback warning: nothing a flowrl user can act on (flowrl.utils.quiet)
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``from flowrl import selectors`` and the other modules' names from before the grouping."""
+    return _moved.attribute(name)
 
 __all__ = [
     "KINDS",

@@ -14,6 +14,7 @@ from flowrl.backbones import (  # noqa: F401  (each base package registers its a
     sd3,
     wan,
 )
+from flowrl.parts.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
     hps,
@@ -22,7 +23,6 @@ from flowrl.rewards import (  # noqa: F401
     ocr,
     remote,
 )
-from flowrl.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.suites import builtin as builtin_suites  # noqa: F401
 from flowrl.suites import dpgbench as dpgbench_suite  # noqa: F401
 from flowrl.suites import geneval as geneval_suite  # noqa: F401

@@ -13,7 +13,7 @@ makes valid is refused, and the table gives validate's one-line reason.
 
 Part settings that a 4-step grid needs (a window of 2 rather than 4, a split list that fits) are in
 :data:`TINY`; a part without an entry runs on its defaults. The table depends only on what is registered and on
-the checks parts declare (``provides`` / ``requires``, :mod:`flowrl.contracts`), not on training: ``--train``
+the checks parts declare (``provides`` / ``requires``, :mod:`flowrl.core.contracts`), not on training: ``--train``
 is the evidence that every pair it calls composing trains (tests/test_composition.py trains a sample of them,
 and all of them in its slow test).
 """
@@ -87,7 +87,7 @@ class Outcome:
 
 
 def registered() -> dict[str, list[str]]:
-    from flowrl.registry import available
+    from flowrl.core.registry import available
 
     return {kind: available(kind) for kind in KINDS}
 
@@ -106,7 +106,7 @@ def recipe_data(choice: dict[str, str]) -> dict[str, Any]:
 
 def problems_of(choice: dict[str, str]) -> list[tuple[str, str]]:
     """validate's problems for this choice of parts ([] when it loads)."""
-    from flowrl.recipe import RecipeError, recipe_from_dict
+    from flowrl.config.recipe import RecipeError, recipe_from_dict
 
     try:
         recipe_from_dict(recipe_data(choice), source="composition")
@@ -153,7 +153,7 @@ def outcomes() -> dict[tuple[str, str], list[Outcome]]:
 
 def train_choice(choice: dict[str, str]) -> str:
     """Train one iteration of the recipe; '' when it ran, else the error as one line."""
-    from flowrl.recipe import recipe_from_dict
+    from flowrl.config.recipe import recipe_from_dict
     from flowrl.trainer import train
 
     recipe = recipe_from_dict(recipe_data(choice), source="composition")
@@ -263,16 +263,16 @@ MECHANISM = """\
 ## How parts declare what they need
 
 A part states what it hands on to the recipe, `provides` (a set of tokens), and what it requires of the other
-parts, `requires` (`flowrl.contracts.Need` objects: `needs(token, why)`, some part must provide the token;
+parts, `requires` (`flowrl.core.contracts.Need` objects: `needs(token, why)`, some part must provide the token;
 `refuses(token, why)`, no part may; either with `when = token`, the condition holds only when some part provides
 that one). Each is a class attribute, or a staticmethod of the part's config when it depends on the settings; a
-subclass adds to its bases' declarations. Every recipe load checks them (`flowrl.composition.composition_checks`,
+subclass adds to its bases' declarations. Every recipe load checks them (`flowrl.config.composition.composition_checks`,
 called by the recipe's cross-table checks) and reports each unmet need in one line naming both parts, the reason
 and the parts that provide what is missing. The core names no part: a plugin declares its parts the same way, with
 these tokens or its own.
 
 ```python
-from flowrl.contracts import needs, refuses
+from flowrl.core.contracts import needs, refuses
 
 @register("sampler", "my_branching")
 class MyBranching(RolloutSampler):
@@ -290,8 +290,8 @@ The loss's interface gives the two loss tokens: `policy_loss` for a `PolicyLoss`
 
 def declarations() -> list[str]:
     """The mechanism, the token vocabulary and every registered part's declarations (with default settings)."""
-    from flowrl.contracts import TOKENS, provided, required
-    from flowrl.registry import registry
+    from flowrl.core.contracts import TOKENS, provided, required
+    from flowrl.core.registry import registry
 
     lines = [MECHANISM.rstrip(), "", "| token | means |", "| --- | --- |"]
     lines += [f"| `{token}` | {escape(meaning)} |" for token, meaning in TOKENS.items()]

@@ -214,7 +214,7 @@ def diffusers_rows_per_s(trainer: Any, data: dict[str, Any], repeats: int = 2) -
 def run_case(name: str, data: dict[str, Any], iterations: int) -> bool:
     import torch
 
-    from flowrl.recipe import recipe_from_dict
+    from flowrl.config.recipe import recipe_from_dict
     from flowrl.trainer.loop import Trainer
 
     if torch.cuda.is_available():
@@ -270,8 +270,8 @@ def run_suite_case(name: str, data: dict[str, Any]) -> bool:
     import torch
 
     from flowrl.cli.main import main as flowrl_main
+    from flowrl.config.tomlwrite import dumps
     from flowrl.suites.geneval import world_metadata
-    from flowrl.tomlwrite import dumps
 
     ok = True
     with tempfile.TemporaryDirectory() as tmp:

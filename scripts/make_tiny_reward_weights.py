@@ -253,7 +253,7 @@ def imagereward_spec() -> dict[str, object]:
 
 
 def scores(part: str) -> dict[str, list[float]]:
-    from flowrl.registry import build
+    from flowrl.core.registry import build
 
     clip = str(DATA / "clip")
     specs = {

@@ -175,9 +175,9 @@ def run_official(job: dict[str, Any], probe: Probe) -> None:
 
 
 def run_flowrl(job: dict[str, Any], probe: Probe) -> None:
-    from flowrl.recipe import load_recipe
+    from flowrl.config.recipe import load_recipe
+    from flowrl.config.update_modes import resolve_update
     from flowrl.trainer.loop import Trainer
-    from flowrl.update_modes import resolve_update
 
     recipe = load_recipe(Path(job["recipe"]), job.get("overrides", []))
     trainer = Trainer(recipe, Path(job["run_dir"]), quiet=True)

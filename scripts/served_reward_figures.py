@@ -28,7 +28,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from flowrl.interfaces import RewardModel
+from flowrl.core.interfaces import RewardModel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,7 +109,7 @@ def measure(url: str, images: torch.Tensor, prompts: list[str], count: int, seco
 
 
 def overlap(steps: int, chunks: int, delay_s: float) -> None:
-    from flowrl.recipe import load_recipe
+    from flowrl.config.recipe import load_recipe
     from flowrl.trainer import train
 
     torch.set_num_threads(1)

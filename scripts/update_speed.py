@@ -34,7 +34,7 @@ OFF = ["trainer.eval_every=0", "trainer.eval_every_nfe=0", "trainer.kl_every=0",
 def side_by_side(name: str, variants: dict[str, str]) -> Iterator[dict[str, Any]]:
     """One trainer per variant of ``recipes/<name>.toml`` (variant -> its one override, after :data:`OFF`), each in
     its own folder of a temporary directory; their loggers closed and resources released on exit."""
-    from flowrl.recipe import load_recipe
+    from flowrl.config.recipe import load_recipe
     from flowrl.trainer.loop import Trainer
 
     path = ROOT / "recipes" / f"{name}.toml"
@@ -61,8 +61,8 @@ def recipe_names(requested: list[str], tool: str) -> list[str] | None:
 
 def measure(name: str, iterations: int) -> dict[str, dict[str, float]]:
     """Per mode: seconds, forwards and outside share per iteration (means over the timed iterations)."""
-    from flowrl.recipe import load_recipe
-    from flowrl.update_modes import resolve_update
+    from flowrl.config.recipe import load_recipe
+    from flowrl.config.update_modes import resolve_update
 
     path = ROOT / "recipes" / f"{name}.toml"
     modes = ["recompute"] + (["retain"] if resolve_update(load_recipe(path)) == "retain" else [])

@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 from conftest import tiny_recipe
 
-from flowrl.tomlwrite import dumps
+from flowrl.config.tomlwrite import dumps
 
 # -- inputs ----------------------------------------------------------------------------------------
 Setup = Callable[[Path, Path], None]  # (case folder, a trained run folder) -> None

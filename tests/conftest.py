@@ -62,7 +62,7 @@ def shipped_tiny(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
     (selector, sampler, kernel, advantage, loss) are exercised unchanged, in seconds."""
     import tomllib
 
-    from flowrl.recipe import recipe_from_dict
+    from flowrl.config.recipe import recipe_from_dict
 
     data = tomllib.loads((ROOT / "recipes" / f"{name}.toml").read_text())
     data.update({key: value for key, value in TINY_WORLD.items()})

@@ -21,7 +21,7 @@ import torch
 from conftest import ROOT
 from torch import Tensor
 
-from flowrl.interfaces import RewardModel
+from flowrl.core.interfaces import RewardModel
 
 
 class Brightness(RewardModel):

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrl.advantages import GroupNorm, group_normalize
-from flowrl.types import Conditioning, RewardBatch, Rollout, Transitions
+from flowrl.core.types import Conditioning, RewardBatch, Rollout, Transitions
+from flowrl.parts.advantages import GroupNorm, group_normalize
 
 FAST = settings(max_examples=60, deadline=None)
 

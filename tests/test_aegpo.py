@@ -26,12 +26,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrl
-from flowrl.interfaces import AttentionEntropyProbe
-from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.rng import RolloutRNG
-from flowrl.schedule import shifted_sigmas
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.core.interfaces import AttentionEntropyProbe
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.schedule import shifted_sigmas
+from flowrl.core.types import Plan, Schedule
 from flowrl.trainer import Trainer
-from flowrl.types import Plan, Schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("proportional", "softmax", "tiers")
@@ -140,7 +140,7 @@ def forwards_per_probe(backbone: object) -> int:
 
 
 def test_a_backbone_without_the_attention_probe_is_a_user_error() -> None:
-    """The probe is an optional capability (flowrl.interfaces.AttentionEntropyProbe): SD3 does not offer it."""
+    """The probe is an optional capability (flowrl.core.interfaces.AttentionEntropyProbe): SD3 does not offer it."""
     sd3 = flowrl.build("backbone", {"type": "tiny_sd3", "resolution": 16})
     assert not isinstance(sd3, AttentionEntropyProbe)
     schedule = Schedule(sd3.schedule_sigmas(4, 3.0), flowrl.build("kernel", {"type": "dance_grpo_sde"}))

@@ -13,7 +13,7 @@ import flowrl
 from flowrl.backbones.common.probe import EntropyRecorder, softmax_entropy
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.backbones.flux.probe import EntropyProbeProcessor, attention_modules, entropy_probe
-from flowrl.config import structure
+from flowrl.core.convert import structure
 
 
 def test_pinned_diffusers_internals() -> None:

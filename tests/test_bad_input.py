@@ -19,7 +19,7 @@ from bad_input_cases import CASES, Case
 from conftest import ROOT, tiny_recipe
 
 from flowrl import RewardModel
-from flowrl.tomlwrite import dumps
+from flowrl.config.tomlwrite import dumps
 
 TESTS = Path(__file__).resolve().parent
 DOC = ROOT / "docs" / "errors.md"

@@ -224,7 +224,7 @@ def test_options() -> None:
 
 def test_resume_decisions(tmp_path: Path) -> None:
     from flowrl.bench.run import can_continue, is_complete
-    from flowrl.recipe import recipe_from_dict
+    from flowrl.config.recipe import recipe_from_dict
 
     recipe = recipe_from_dict(tiny_recipe(), bench_overrides(0, 100, 2, None))
     run = tmp_path / "run"
@@ -245,8 +245,8 @@ def test_resume_decisions(tmp_path: Path) -> None:
 
 def test_extend_decisions(tmp_path: Path) -> None:
     from flowrl.bench.run import can_extend
-    from flowrl.recipe import recipe_from_dict
-    from flowrl.tomlwrite import dumps
+    from flowrl.config.recipe import recipe_from_dict
+    from flowrl.config.tomlwrite import dumps
 
     def bench_recipe(budget: int, *more: str) -> Any:
         return recipe_from_dict(tiny_recipe(), [*bench_overrides(0, budget, 2, None), *more])
@@ -297,7 +297,7 @@ def test_cli_module_is_light() -> None:
 
 # -- the real harness --------------------------------------------------------------------------
 def _write_recipe(path: Path, name: str, **sampler: object) -> Path:
-    from flowrl.tomlwrite import dumps
+    from flowrl.config.tomlwrite import dumps
 
     recipe = tiny_recipe()
     recipe["name"] = name

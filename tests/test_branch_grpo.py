@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 import flowrl
 from flowrl.cli.main import main as flowrl_main
-from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.rng import RolloutRNG
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Advantages, LossInputs, Plan, RewardBatch, Rollout, Schedule, Unit, transition_advantages
 from flowrl.trainer import Trainer
 from flowrl.trainer.advantage import global_advantages
 from flowrl.trainer.micro_batches import transition_losses
-from flowrl.types import Advantages, LossInputs, Plan, RewardBatch, Rollout, Schedule, Unit, transition_advantages
 
 TINY = {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1}
 
@@ -123,7 +123,7 @@ def test_exploration_temperature_scales_noise_not_density() -> None:
     # v is the sampler's own one-row forward at the root (same shapes: the same mean); what is left is the float32
     # rounding of x_next (|x| < 7, ulp 4.8e-7, tripled by the scaling): ~1e-6, 10x under atol 1e-5
     torch.testing.assert_close(hot.transitions.x_next - mean, 3.0 * (base.transitions.x_next - mean), atol=1e-5, rtol=0)
-    recorded = flowrl.interfaces.gaussian_log_prob(hot.transitions.x_next, mean, std)
+    recorded = flowrl.core.interfaces.gaussian_log_prob(hot.transitions.x_next, mean, std)
     torch.testing.assert_close(hot.transitions.log_prob, recorded, atol=1e-5, rtol=0)
 
 

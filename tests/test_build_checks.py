@@ -13,7 +13,7 @@ from conftest import tiny_recipe
 
 from flowrl.backbones.flux.tiny import TinyFlux
 from flowrl.backbones.sd3.tiny import TinySD3
-from flowrl.recipe import RecipeError, recipe_from_dict
+from flowrl.config.recipe import RecipeError, recipe_from_dict
 from flowrl.trainer import Trainer
 from flowrl.trainer.memory import rollout_bytes
 

@@ -21,7 +21,7 @@ SMALL = ("--set", "prompts.eval_count=5", "--set", "trainer.eval_steps=4")  # 5 
 def sources(folder: Path, n: int = 2) -> list[tuple[str, Path]]:
     """The first ``n`` held-out edits of the edit world: (instruction, its source saved as a PNG)."""
     import flowrl
-    from flowrl.conditions import conditions_of
+    from flowrl.core.conditions import conditions_of
 
     out = []
     for i, prompt in enumerate(flowrl.build("prompts", {"type": "world_edit", "eval_count": 5}).heldout()[:n]):

@@ -73,7 +73,7 @@ def test_split_on_prompts_without_splits_is_refused(tmp_path: Path, capsys) -> N
     one line naming it, not reported as an unknown recipe key."""
     from conftest import tiny_recipe
 
-    from flowrl.recipe import recipe_from_dict
+    from flowrl.config.recipe import recipe_from_dict
 
     recipe = tmp_path / "tiny.toml"
     recipe.write_text(recipe_from_dict(tiny_recipe()).to_toml())

@@ -1,4 +1,4 @@
-"""flowrl.cluster's checks without a launch: SLURM's host-list grammar (well-formed lists expand to their hosts,
+"""flowrl.utils.cluster's checks without a launch: SLURM's host-list grammar (well-formed lists expand to their hosts,
 malformed ones are refused naming the variable), the ports a launch needs, the checked reader of the process
 variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) and the join check's comparison of what nodes bring."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrl.cluster import ClusterError, disagreement, expand_hosts, first_host, process_rank, resolve
+from flowrl.utils.cluster import ClusterError, disagreement, expand_hosts, first_host, process_rank, resolve
 
 NONE = {"nnodes": None, "node_rank": None, "nproc_per_node": None, "master_addr": None, "master_port": None}
 

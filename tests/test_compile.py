@@ -13,7 +13,7 @@ from conftest import tiny_recipe
 from safetensors.torch import load_file
 
 from flowrl import RecipeError
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.trainer.loop import Trainer
 
 

@@ -1,6 +1,6 @@
 """Which parts compose (docs/composition.md): the whole pair matrix through validate, a sample of the composing
 pairs trained for one iteration (all of them in the slow test), the refusals one line each and needed, and the
-declaration mechanism of flowrl.contracts on its own."""
+declaration mechanism of flowrl.core.contracts on its own."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 
 from flowrl import Plan, Schedule, TimestepSelector, Unit
 from flowrl.cli.main import main
-from flowrl.contracts import Need, needs, provided, refuses, required
-from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.registry import registry
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.core.contracts import Need, needs, provided, refuses, required
+from flowrl.core.registry import registry
 from flowrl.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_settings_decide_what_a_selector_provides() -> None:
 
 def test_validate_refuses_in_one_line_with_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The command: exit status 2, the file and the reason on one line each, no traceback."""
-    from flowrl.tomlwrite import dumps
+    from flowrl.config.tomlwrite import dumps
 
     path = tmp_path / "tree.toml"
     path.write_text(dumps(gen.recipe_data({**gen.DEFAULTS, "selector": "flow_grpo_prefix", "sampler": "branch_tree",
@@ -152,9 +152,9 @@ def test_validate_refuses_in_one_line_with_status_2(tmp_path: Path, capsys: pyte
 
 def unchecked(choice: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> object:
     """The recipe as it would load without the composition check."""
-    import flowrl.recipe
+    import flowrl.config.recipe
 
-    monkeypatch.setattr(flowrl.recipe, "composition_checks", lambda recipe: iter(()))
+    monkeypatch.setattr(flowrl.config.recipe, "composition_checks", lambda recipe: iter(()))
     return recipe_from_dict(gen.recipe_data(choice))
 
 
@@ -273,5 +273,5 @@ def test_a_malformed_declaration_is_named() -> None:
     class Bad(_Base):
         requires = ("b",)  # a bare token, not a Need
 
-    with pytest.raises(TypeError, match="Bad.requires must hold flowrl.contracts.Need"):
+    with pytest.raises(TypeError, match="Bad.requires must hold flowrl.core.contracts.Need"):
         required(Bad, _Empty())

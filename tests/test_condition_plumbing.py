@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 import flowrl
-from flowrl.conditions import Condition, Prompt
-from flowrl.recipe import recipe_from_dict
-from flowrl.rng import RolloutRNG
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.conditions import Condition, Prompt
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Conditioning, Plan, Rollout, Schedule, Unit
 from flowrl.trainer import train
 from flowrl.trainer.micro_batches import forward_process_losses, transition_losses
-from flowrl.types import Conditioning, Plan, Rollout, Schedule, Unit
 from flowrl.world.edit import balanced_edits
 from flowrl.world.edit_render import render_edit_batch
 
@@ -145,7 +145,7 @@ def roll(name: str, given: Sequence[str], rng: RolloutRNG | None = None) -> Roll
 
 
 def test_every_shipped_sampler_is_checked() -> None:
-    from flowrl.registry import registry
+    from flowrl.core.registry import registry
 
     assert set(registry("sampler").names()) == {c["type"] for c, _ in SAMPLERS.values()}
 
@@ -193,7 +193,7 @@ def test_any_order_and_group_size_keeps_the_sources_aligned(name: str, order: li
 
 def test_a_sampler_that_hands_rows_the_wrong_source_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check can fail: the independent sampler with its rows' conditions reversed at every step."""
-    from flowrl.samplers import independent
+    from flowrl.parts.samplers import independent
 
     real_walk = independent.walk
 
@@ -393,7 +393,7 @@ def on_edit_world(name: str, changes: dict[str, Any] | None = None) -> Any:
 
 
 def test_every_registered_method_part_is_trained_on_the_edit_world() -> None:
-    from flowrl.registry import registry
+    from flowrl.core.registry import registry
 
     recipes = [on_edit_world(n) for n in SHIPPED] + [on_edit_world(n, c) for n, c in EXTRA.values()]
     for kind in METHOD:

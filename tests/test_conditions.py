@@ -1,5 +1,5 @@
 """Conditions in the data model: the Prompt type, condition images, the JSONL prompt file and the check against
-what a base takes (flowrl.conditions, flowrl.prompts)."""
+what a base takes (flowrl.core.conditions, flowrl.parts.prompts)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from PIL import Image
 
 from flowrl.backbones.common.prompt_cache import cached_encodings
 from flowrl.backbones.common.vocabulary import UnknownWords
-from flowrl.conditions import (
+from flowrl.core.conditions import (
     TEXT_ONLY,
     Condition,
     ConditionError,
@@ -27,8 +27,8 @@ from flowrl.conditions import (
     conditions_of,
     fit_square,
 )
-from flowrl.errors import UserError
-from flowrl.prompts import PromptFileError, PromptJsonl, PromptList
+from flowrl.core.errors import UserError
+from flowrl.parts.prompts import PromptFileError, PromptJsonl, PromptList
 
 
 def image(seed: int, size: int = 8, mode: str = "RGB") -> np.ndarray:

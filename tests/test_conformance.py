@@ -15,10 +15,10 @@ import torch
 from conftest import ROOT
 
 import flowrl
+from flowrl.config.recipe import Recipe, load_recipe
 from flowrl.conformance import ConformanceError, check_kernel, check_sampler, check_selector
-from flowrl.recipe import Recipe, load_recipe
-from flowrl.registry import registry
-from flowrl.types import Plan, Schedule, Unit
+from flowrl.core.registry import registry
+from flowrl.core.types import Plan, Schedule, Unit
 
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.toml") if "pretrain" not in p.parts)
 PROMPTS = ["a red circle", "two blue squares"]

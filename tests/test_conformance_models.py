@@ -18,11 +18,11 @@ from conftest import ROOT
 from test_conformance import PROMPTS, RECIPES, loaded
 
 import flowrl
+from flowrl.config.recipe import load_recipe
 from flowrl.conformance import ConformanceError, check_backbone, check_reward, check_sampler
-from flowrl.recipe import load_recipe
-from flowrl.registry import registry
+from flowrl.core.registry import registry
+from flowrl.core.types import Plan, Schedule, Unit
 from flowrl.rewards.base import has_module
-from flowrl.types import Plan, Schedule, Unit
 from flowrl.world.components import BASE_MODEL
 from flowrl.world.grammar import enumerate_scenes
 from flowrl.world.render import render_batch
@@ -83,7 +83,7 @@ _SERVERS: list[Any] = []
 
 def reward_prompts(name: str) -> list[str]:
     if name == "world_edit_verifier":  # an edit of each scene, the scene's rendering its source image
-        from flowrl.conditions import Condition, Prompt
+        from flowrl.core.conditions import Condition, Prompt
         from flowrl.world.edit import _edits_of
 
         sources = render_batch(SCENES, 0)

@@ -15,9 +15,9 @@ from test_conformance import PROMPTS, RECIPES, first_plan, loaded, recipe_id, ti
 
 import flowrl
 from flowrl.conformance import ConformanceError, check_advantage, check_loss
-from flowrl.registry import registry
-from flowrl.rng import RolloutRNG
-from flowrl.types import Advantages, RewardBatch, Rollout
+from flowrl.core.registry import registry
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Advantages, RewardBatch, Rollout
 
 # Registered parts' settings no shipped recipe uses, checked too (with the branch_grpo rollout for trees).
 EXTRA_ADVANTAGES = {

@@ -13,9 +13,9 @@ from conftest import ROOT
 from flowrl_zoo.crd import adaptive_velocity_error, group_centred
 
 import flowrl
-from flowrl.recipe import load_recipe
+from flowrl.config.recipe import load_recipe
+from flowrl.core.types import ForwardProcessInputs
 from flowrl.trainer import Trainer
-from flowrl.types import ForwardProcessInputs
 
 
 def crd(**config: object) -> flowrl.ForwardProcessLoss:

@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny_recipe
 
 from flowrl.cli.main import main
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.trainer import train
 
 ALL = ("delete", "truncate", "corrupt")

@@ -15,10 +15,10 @@ from conftest import ROOT, shipped_tiny, tiny_recipe
 from flowrl_zoo.diffusion_nft import DiffusionNFTLoss, adaptive_x0_loss, optimality, ramp_decay
 
 import flowrl
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.conformance import check_loss
-from flowrl.recipe import recipe_from_dict
+from flowrl.core.types import ForwardProcessInputs, Schedule
 from flowrl.trainer import Trainer
-from flowrl.types import ForwardProcessInputs, Schedule
 
 
 def nft(**config: object) -> DiffusionNFTLoss:

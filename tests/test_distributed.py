@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, tiny_recipe
 from safetensors.torch import load_file
 
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 
 pytestmark = pytest.mark.slow
 

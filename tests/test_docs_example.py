@@ -14,8 +14,8 @@ import torch
 from conftest import ROOT, tiny_recipe
 
 import flowrl
-from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.registry import registry
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.core.registry import registry
 from flowrl.trainer import train
 
 PAGE = ROOT / "docs" / "writing-a-component.md"

@@ -11,11 +11,11 @@ import torch
 from conftest import tiny_recipe
 
 import flowrl
-from flowrl.recipe import recipe_from_dict
-from flowrl.rng import RolloutRNG
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Plan, Schedule, Unit
 from flowrl.trainer import train
 from flowrl.trainer.drift import policy_drift, spread_ids
-from flowrl.types import Plan, Schedule, Unit
 
 
 def last_row(run: Path) -> dict:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from flowrl.condition_checks import reward_condition_problems
-from flowrl.recipe import load_recipe
+from flowrl.config.condition_checks import reward_condition_problems
+from flowrl.config.recipe import load_recipe
 from flowrl.trainer import train
 
 EDIT = sorted((ROOT / "recipes" / "edit").glob("*.toml"))

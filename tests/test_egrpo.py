@@ -11,18 +11,18 @@ from conftest import tiny_recipe
 from flowrl_zoo.egrpo import greedy_units
 
 import flowrl
-from flowrl.advantages import group_normalize
-from flowrl.entropy import merged_entropy
-from flowrl.recipe import recipe_from_dict
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.walk import walk
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Plan, RewardBatch, Schedule, Unit
+from flowrl.parts.advantages import group_normalize
+from flowrl.parts.entropy import merged_entropy
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer import Trainer
-from flowrl.types import Plan, RewardBatch, Schedule, Unit
 
 
 def paper_schedule(n: int = 16) -> Schedule:
     kernel = flowrl.build("kernel", {"type": "flow_grpo_sde", "noise_level": 0.7})
-    from flowrl.schedule import shifted_sigmas
+    from flowrl.core.schedule import shifted_sigmas
 
     return Schedule(tuple(float(s) for s in shifted_sigmas(n, 3.0)), kernel)
 

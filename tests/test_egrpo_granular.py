@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flowrl
-from flowrl.advantages import group_normalize
-from flowrl.extras import PerRollout, RolloutIds
-from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.solvers import euler
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.core.extras import PerRollout, RolloutIds
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Conditioning, Plan, RewardBatch, Rollout, Schedule, Unit
+from flowrl.parts.advantages import group_normalize
+from flowrl.parts.samplers.solvers import euler
 from flowrl.trainer import train
-from flowrl.types import Conditioning, Plan, RewardBatch, Rollout, Schedule, Unit
 
 FAST = settings(max_examples=60, deadline=None)
 

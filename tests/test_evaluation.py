@@ -11,8 +11,8 @@ import torch
 from test_cli import flowrl_cli
 
 import flowrl
-from flowrl.profile import front_to_back, one_step_images
-from flowrl.types import Schedule
+from flowrl.core.types import Schedule
+from flowrl.evaluation.profile import front_to_back, one_step_images
 from flowrl.world import KINDS, balanced_scenes, render_batch, scene_split
 from flowrl.world.components import WorldPrompts, WorldVerifier
 from flowrl.world.render import Lattice

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from served import free_port
 
 from flowrl.cli.main import main as flowrl
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.trainer import Trainer
 from flowrl.trainer.runfolder import read_metrics
 
@@ -80,7 +80,7 @@ def test_the_merged_transformer_gives_the_lora_policys_velocity(lora_run: Path, 
     trained policy predicts, within float32 rounding of the merged product."""
     from diffusers import FluxTransformer2DModel
 
-    from flowrl.loading import load_policy
+    from flowrl.export.loading import load_policy
 
     out = tmp_path / "full"
     assert flowrl(["export", str(lora_run), "--out", str(out), "--full-weights", "--per-prompt", "0"]) == 0
@@ -122,7 +122,7 @@ def test_a_full_fine_tuning_run_exports_its_transformer(tmp_path: Path) -> None:
 def test_the_card_gives_the_worlds_figures_with_their_intervals(tmp_path: Path) -> None:
     """The embedded world's verifier reports standard errors: each figure at step 0 and at the checkpoint, with
     its 95% interval, read from metrics.jsonl."""
-    from flowrl.recipe import load_recipe
+    from flowrl.config.recipe import load_recipe
     from flowrl.trainer import train
 
     recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "flow_grpo.toml", [

@@ -15,11 +15,11 @@ import pytest
 from conftest import ROOT
 from PIL import Image
 
-from flowrl.conditions import conditions_of
+from flowrl.config.recipe import load_recipe
+from flowrl.core.conditions import conditions_of
 from flowrl.export.card import model_card
 from flowrl.export.facts import CardFacts, Takes
 from flowrl.export.folder import export_checkpoint
-from flowrl.recipe import load_recipe
 from flowrl.trainer import train
 
 SHORT = ["trainer.max_steps=1", "trainer.prompts_per_step=1", "trainer.train_batch_size=16", "trainer.eval_every=1",

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, tiny_recipe
 
 from flowrl.cli.main import main as flowrl
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.trainer import Trainer
 
 SMALL = {"resolution": 16, "max_sequence_length": 16, "dtype": "float32"}
@@ -119,7 +119,7 @@ def test_the_worlds_model_loads_through_flowrl_as_the_card_says(tmp_path: Path, 
                                                                  ) -> None:
     """The embedded world's model is pixel-space FLUX: no diffusers pipeline decodes it, and the card says so and
     gives flowrl's commands, which run as written in the folder."""
-    from flowrl.recipe import load_recipe
+    from flowrl.config.recipe import load_recipe
     from flowrl.trainer import train as run_training
 
     recipe = load_recipe(ROOT / "recipes" / "flow_grpo.toml", [

@@ -17,8 +17,8 @@ import torch
 from conftest import ROOT, tiny_recipe
 from safetensors.torch import load_file
 
-from flowrl.extras import Extra, Gather, PerRollout, RolloutIds, unique_ids
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.extras import Extra, Gather, PerRollout, RolloutIds, unique_ids
 from flowrl.trainer import train
 
 PLUGINS = ROOT / "tests" / "plugins"

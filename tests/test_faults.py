@@ -18,7 +18,7 @@ import torch
 from conftest import tiny_recipe
 
 from flowrl import RewardModel
-from flowrl.recipe import RecipeError, recipe_from_dict
+from flowrl.config.recipe import RecipeError, recipe_from_dict
 from flowrl.rewards.frames import eval_pictures, score_pictures
 from flowrl.rewards.http import Endpoint, RewardServerUnavailable
 from flowrl.trainer import Trainer
@@ -159,7 +159,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_staging_folder(
 def test_an_unwritable_output_dir_is_refused_before_the_model_loads(tmp_path: Path) -> None:
     from test_bad_input import flowrl
 
-    from flowrl.tomlwrite import dumps
+    from flowrl.config.tomlwrite import dumps
 
     (tmp_path / "tiny.toml").write_text(dumps(tiny_recipe(max_steps=1)))
     out = flowrl(("train", "tiny.toml", "--output-dir", "/sys/flowrl-test/run"), tmp_path)  # EPERM even for root

@@ -10,10 +10,10 @@ from conftest import shipped_tiny
 
 import flowrl
 from flowrl import Plan, Unit
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.walk import walk
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Schedule
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer import Trainer
-from flowrl.types import Schedule
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import torch
 from flowrl_zoo.flow_dppo import mean_kl, outside_trust_region
 
 import flowrl
-from flowrl.interfaces import gaussian_log_prob
-from flowrl.types import LossInputs
+from flowrl.core.interfaces import gaussian_log_prob
+from flowrl.core.types import LossInputs
 
 
 def dppo(**config: object) -> flowrl.PolicyLoss:

@@ -12,11 +12,11 @@ from conftest import shipped_tiny, tiny_recipe
 
 import flowrl
 from flowrl import RecipeError
-from flowrl.recipe import recipe_from_dict
-from flowrl.rng import RolloutRNG
-from flowrl.schedule import shifted_sigmas
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.schedule import shifted_sigmas
+from flowrl.core.types import Schedule
 from flowrl.trainer import Trainer
-from flowrl.types import Schedule
 
 
 def schedule(n: int) -> Schedule:

@@ -19,13 +19,13 @@ import flowrl
 from flowrl.backbones.flux2.adapter import BASE_TARGETS, Flux2Adapter, single_block_outputs
 from flowrl.backbones.flux2.tiny import TinyFlux2, TinyFlux2Spec, save_tiny_flux2
 from flowrl.backbones.lora.targets import ADAPTABLE, matches, on_meta
-from flowrl.recipe import RecipeError, load_recipe, recipe_from_dict
-from flowrl.samplers.walk import walk
-from flowrl.settings import LoraConfig
+from flowrl.config.recipe import RecipeError, load_recipe, recipe_from_dict
+from flowrl.config.settings import LoraConfig
+from flowrl.core.types import Plan, Schedule
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer.loop import Trainer
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.sharding import sharding_units
-from flowrl.types import Plan, Schedule
 
 PROMPTS = ["a red circle", "two blue squares", "a cat on a tree"]
 # (variant, distilled, guidance_scale): klein-base with CFG and without (scale 1), the distilled klein, dev
@@ -102,7 +102,7 @@ def test_sigma_grid_is_the_pipelines_mu_shifted_one() -> None:
     # mu depends on the step count: the same relative position gets another level
     assert backbone.schedule_sigmas(4, 3.0)[2] != pytest.approx(backbone.schedule_sigmas(8, 3.0)[4], abs=1e-3)
     # uniform: flowrl's shifted grid, the shift taken from the recipe
-    from flowrl.schedule import shifted_sigmas
+    from flowrl.core.schedule import shifted_sigmas
 
     uniform = _backbone(grid="uniform").schedule_sigmas(6, 3.0)
     assert uniform == tuple(float(s) for s in shifted_sigmas(6, 3.0))

@@ -10,8 +10,8 @@ import torch
 from flowrl_zoo.grpo_guard import normalised_log_ratio
 
 import flowrl
-from flowrl.interfaces import gaussian_log_prob
-from flowrl.types import LossInputs
+from flowrl.core.interfaces import gaussian_log_prob
+from flowrl.core.types import LossInputs
 
 D = (3, 8, 8)
 

@@ -13,7 +13,7 @@ import torch
 from conftest import ROOT
 
 from flowrl import RewardModel
-from flowrl.recipe import load_recipe, recipe_from_dict
+from flowrl.config.recipe import load_recipe, recipe_from_dict
 from flowrl.trainer import train
 
 pytestmark = pytest.mark.slow

@@ -26,8 +26,8 @@ def test_zero_spread_counts_the_advantages_not_the_totals() -> None:
     (b = -2a) still gets non-zero advantages, and adds to the gradient."""
     from types import SimpleNamespace
 
-    from flowrl.advantages import GroupNorm
-    from flowrl.types import RewardBatch
+    from flowrl.core.types import RewardBatch
+    from flowrl.parts.advantages import GroupNorm
 
     a = torch.tensor([0.0, 1.0, 2.0, 3.0])
     rewards = RewardBatch({"a": a, "b": -2 * a}, {"a": 2.0, "b": 1.0})

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from conftest import ROOT, SCORE_TOL
 from PIL import Image
 
-from flowrl.registry import build
+from flowrl.core.registry import build
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.imagereward import center_crop_rounded, rename_key
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flowrl.jsonl import DamagedRows, append_rows, mend_tail, read_rows
+from flowrl.utils.jsonl import DamagedRows, append_rows, mend_tail, read_rows
 
 ROWS = st.lists(st.fixed_dictionaries({"key": st.text(max_size=6), "v": st.integers() | st.floats(allow_nan=False)}),
                 min_size=1, max_size=6)

@@ -4,9 +4,9 @@ import attrs
 import pytest
 import torch
 
-from flowrl.interfaces import entropy_per_dim, gaussian_log_prob
-from flowrl.kernels import CPSKernel, DanceGRPOKernel, FlowGRPOKernel, ODEKernel
-from flowrl.schedule import shifted_sigmas
+from flowrl.core.interfaces import entropy_per_dim, gaussian_log_prob
+from flowrl.core.schedule import shifted_sigmas
+from flowrl.parts.kernels import CPSKernel, DanceGRPOKernel, FlowGRPOKernel, ODEKernel
 
 S_AT_ONE = 0.97
 

@@ -16,8 +16,8 @@ from conftest import ROOT, tiny_recipe
 from served import free_port
 
 from flowrl.cli.main import main
-from flowrl.cluster import ClusterError, first_host, resolve, worker_command, worker_env
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.utils.cluster import ClusterError, first_host, resolve, worker_command, worker_env
 
 NONE = {"nnodes": None, "node_rank": None, "nproc_per_node": None, "master_addr": None, "master_port": None}
 SLURM = {"SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "2", "SLURM_GPUS_ON_NODE": "8",

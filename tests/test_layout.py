@@ -56,7 +56,7 @@ def test_validating_a_recipe_imports_no_model_library() -> None:
     code = (
         "import sys\n"
         "from flowrl.cli.main import parser\n"
-        "from flowrl.recipe import load_recipe\n"
+        "from flowrl.config.recipe import load_recipe\n"
         "parser()\n"
         "for name in ('egrpo', 'aegpo', 'diffusion_nft', 'branch_grpo'):\n"
         "    load_recipe(f'recipes/{name}.toml')\n"
@@ -120,7 +120,7 @@ def test_every_error_the_user_must_fix_is_a_user_error() -> None:
     import pkgutil
 
     import flowrl
-    from flowrl.errors import UserError
+    from flowrl.core.errors import UserError
 
     internal = {"PlanError", "ConformanceError"}  # a part's bug: the traceback is what its author needs
     found: dict[str, bool] = {}
@@ -140,7 +140,7 @@ def test_every_error_the_user_must_fix_is_a_user_error() -> None:
 _NEVER_UPWARD = {
     "flowrl.bench": ("flowrl.cli",), "flowrl.pretrain": ("flowrl.cli",), "flowrl.serve": ("flowrl.cli",),
     "flowrl.suites": ("flowrl.cli",), "flowrl.report": ("flowrl.bench",),
-    "flowrl.registry": ("flowrl.suites",), "flowrl.trainer.policy": ("flowrl.trainer.checkpoints",),
+    "flowrl.core.registry": ("flowrl.suites",), "flowrl.trainer.policy": ("flowrl.trainer.checkpoints",),
     "flowrl.trainer.state_io": ("flowrl.trainer.checkpoints", "flowrl.trainer.policy"),
 }
 
@@ -222,19 +222,14 @@ def test_only_probes_and_tokenizers_import_model_libraries_at_module_level() -> 
 
 # A file name says one concept: two modules named alike for two things sent readers to the wrong one (issue 65).
 # An old public path kept as a re-export of the renamed module is not a second module of that name.
-_ONCE_CLASHED = (
+_ONCE_CLASHED = (  # two files of one name for two concepts, each pair renamed once
     ("flowrl/reference.py", "flowrl/trainer/reference.py"),
     ("flowrl/errors.py", "flowrl/trainer/errors.py"),
     ("flowrl/components.py", "flowrl/world/components.py"),
+    ("flowrl/bench/errors.py", "flowrl/core/errors.py"),
 )
-_OLD_NAMES = {"flowrl/components.py": "flowrl.register_builtins"}  # old public path -> the module it re-exports
 
 
 def test_no_two_core_modules_share_a_name_that_once_clashed() -> None:
-    for old, new in _OLD_NAMES.items():
-        body = [node for node in ast.parse((ROOT / old).read_text()).body
-                if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
-        imported = {f"{node.module}.{a.name}" for node in body if isinstance(node, ast.ImportFrom) for a in node.names}
-        assert all(isinstance(node, ast.ImportFrom) for node in body) and imported == {new}, f"{old} only imports {new}"
-    clashes = [pair for pair in _ONCE_CLASHED if all((ROOT / p).is_file() and p not in _OLD_NAMES for p in pair)]
+    clashes = [pair for pair in _ONCE_CLASHED if all((ROOT / p).is_file() for p in pair)]
     assert not clashes, f"two modules of one name for two concepts: {clashes}"

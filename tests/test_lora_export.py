@@ -12,10 +12,10 @@ import torch
 from conftest import tiny_recipe
 
 from flowrl.backbones.lora.export import LORA_FOLDER, export_lora, lora_state_dict
-from flowrl.recipe import recipe_from_dict
-from flowrl.samplers.walk import walk
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.types import Plan, Schedule
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer.loop import Trainer
-from flowrl.types import Plan, Schedule
 
 STEPS = 4
 PROMPTS = ["a red circle", "two blue squares", "a cat"]
@@ -96,7 +96,7 @@ def test_export_without_lora_writes_nothing(tmp_path: Path) -> None:
 
 def test_lora_state_dict_keys_are_diffusers_style() -> None:
     import flowrl
-    from flowrl.settings import LoraConfig
+    from flowrl.config.settings import LoraConfig
     from flowrl.trainer.lora import add_lora
 
     backbone = flowrl.build("backbone", {"type": "tiny_sd3", "resolution": 16})

@@ -17,13 +17,13 @@ from safetensors.torch import load_file, save_file
 from flowrl.backbones.lora.export import KOHYA_SUFFIX, LORA_FOLDER, export_lora, lora_state_dict
 from flowrl.backbones.lora.load import LoraInitError, read_lora
 from flowrl.cli.main import main
-from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.samplers.walk import walk
-from flowrl.settings import LoraConfig
-from flowrl.tomlwrite import dumps
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.config.settings import LoraConfig
+from flowrl.config.tomlwrite import dumps
+from flowrl.core.types import Plan, Schedule
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer.loop import Trainer
 from flowrl.trainer.lora import add_lora
-from flowrl.types import Plan, Schedule
 
 RANK, ALPHA = 4, 8.0  # scale alpha / rank = 2: a reader that drops alpha gives other samples
 PROMPTS = ["a red circle", "two blue squares"]
@@ -203,7 +203,7 @@ def test_a_run_from_an_existing_lora_opens_without_that_file(exported: dict[str,
     sample and --resume still open the run; checkpoints/best has the diffusers folder and the kohya file too."""
     import shutil
 
-    from flowrl.loading import load_policy
+    from flowrl.export.loading import load_policy
 
     source = tmp_path / "init"
     shutil.copytree(exported["root"] / LORA_FOLDER, source)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import ROOT
 
-from flowrl.losses import PPOClip, ppo_clip_objective
-from flowrl.recipe import load_recipe
-from flowrl.types import LossInputs
+from flowrl.config.recipe import load_recipe
+from flowrl.core.types import LossInputs
+from flowrl.parts.losses import PPOClip, ppo_clip_objective
 
 E = 1e-4
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flowrl.lr_schedule import lr_factor
+from flowrl.utils.lr_schedule import lr_factor
 
 
 @given(st.integers(0, 50), st.integers(1, 500), st.sampled_from(["linear", "cosine"]), st.floats(0, 1))
@@ -33,7 +33,7 @@ def test_a_run_decays_to_the_floor(tmp_path) -> None:  # type: ignore[no-untyped
 
     from conftest import tiny_recipe
 
-    from flowrl.recipe import recipe_from_dict
+    from flowrl.config.recipe import recipe_from_dict
     from flowrl.trainer import train
 
     data = tiny_recipe(max_steps=3)

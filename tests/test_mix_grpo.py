@@ -14,12 +14,12 @@ from flowrl_zoo.mix_grpo import MixGRPOWindow
 
 import flowrl
 from flowrl import RecipeError
-from flowrl.recipe import recipe_from_dict
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.solvers import coarse_grid, solve
-from flowrl.schedule import shifted_sigmas
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.schedule import shifted_sigmas
+from flowrl.core.types import Plan, Schedule, Unit
+from flowrl.parts.samplers.solvers import coarse_grid, solve
 from flowrl.trainer import Trainer
-from flowrl.types import Plan, Schedule, Unit
 
 TINY = ["sampler.group_size=2"]
 

@@ -16,14 +16,14 @@ from safetensors.torch import load_file
 from served import Brightness, free_port, reward_in_thread
 
 import flowrl
-from flowrl.interfaces import RewardError
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.interfaces import RewardError
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.schedule import shifted_sigmas
+from flowrl.core.types import Plan, Schedule, Unit
 from flowrl.rewards.built import BuiltReward
-from flowrl.rng import RolloutRNG
-from flowrl.schedule import shifted_sigmas
 from flowrl.trainer import Trainer, train
 from flowrl.trainer.overlap import OverlappedSampler, chunkable, overlapped
-from flowrl.types import Plan, Schedule, Unit
 
 PROMPTS = ["a red circle", "two blue squares", "a cat", "a dog", "a tree"]
 

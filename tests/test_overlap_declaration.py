@@ -15,15 +15,15 @@ from conftest import tiny_recipe
 from torch import Tensor
 
 import flowrl
-from flowrl.interfaces import Backbone, RolloutSampler
-from flowrl.recipe import recipe_from_dict
-from flowrl.registry import registry
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.interfaces import Backbone, RolloutSampler
+from flowrl.core.registry import registry
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Plan, Rollout, Schedule
+from flowrl.parts.samplers.independent import IndependentSampler
 from flowrl.rewards.built import BuiltReward
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.independent import IndependentSampler
 from flowrl.trainer import Trainer, train
 from flowrl.trainer.overlap import OverlappedSampler, chunkable, overlapped
-from flowrl.types import Plan, Rollout, Schedule
 
 MODULE = Path(__file__).stem  # tests/ is on sys.path: a recipe names these classes as f"{MODULE}:Class"
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def sampler_class_tests(path: Path) -> list[str]:
             sides = [node.left, *node.comparators]
             bad = any(isinstance(s, ast.Call) and isinstance(s.func, ast.Name) and s.func.id == "type" for s in sides)
         elif isinstance(node, ast.ImportFrom):
-            bad = (node.module or "").startswith(("flowrl.samplers", "flowrl_zoo"))
+            bad = (node.module or "").startswith(("flowrl.parts.samplers", "flowrl_zoo"))
         if bad:
             found.append(f"{node.lineno}: {ast.get_source_segment(source, node)}")
     return found

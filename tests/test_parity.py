@@ -14,10 +14,10 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 import flowrl
-from flowrl.advantages import group_normalize
-from flowrl.interfaces import gaussian_log_prob
-from flowrl.schedule import shifted_sigmas
-from flowrl.types import ForwardProcessInputs
+from flowrl.core.interfaces import gaussian_log_prob
+from flowrl.core.schedule import shifted_sigmas
+from flowrl.core.types import ForwardProcessInputs
+from flowrl.parts.advantages import group_normalize
 
 
 def test_flow_grpo_last_step_on_the_sd3_grid_is_nearly_deterministic() -> None:
@@ -110,7 +110,7 @@ def test_advantage_conventions() -> None:
 def test_ppo_clip_loss_and_gradient_by_hand() -> None:
     """mean max(-A r, -A clip(r)) with r = exp(lp - lp_old): the gradient in lp is -A r / n where the
     unclipped term is the larger, else 0."""
-    from flowrl.types import LossInputs
+    from flowrl.core.types import LossInputs
 
     lp_old = torch.zeros(4, dtype=torch.float32)
     delta = torch.tensor([0.0, 5e-5, 3e-4, -3e-4])

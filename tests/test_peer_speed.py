@@ -28,7 +28,7 @@ def test_a_folder_that_is_not_a_clone_is_refused_in_one_line(tmp_path: Path) -> 
 
 def test_both_sides_get_the_same_work(tmp_path: Path) -> None:
     """flowrl's recipe and the official configuration carry the setting's numbers and the official LoRA layers."""
-    from flowrl.recipe import load_recipe
+    from flowrl.config.recipe import load_recipe
 
     setting = peer_speed.SETTINGS["lora32_20steps"]
     paths = peer_speed.prepare("lora32_20steps", setting, tmp_path, tmp_path / "clone")

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT
 
 import flowrl
-from flowrl.conditions import conditions_of
+from flowrl.core.conditions import conditions_of
 from flowrl.pretrain import PretrainRecipe, load_pretrain_recipe
 from flowrl.pretrain.edit import EditPretrainer, pretrain_edits
 from flowrl.pretrain.model import build_backbone, load_initial_weights

@@ -20,7 +20,7 @@ def test_importing_the_trainer_and_the_pipelines_prints_no_torchvision_notice() 
 
 def test_only_that_notice_is_dropped(caplog) -> None:  # type: ignore[no-untyped-def]
     import flowrl  # noqa: F401  (installs the filter)
-    from flowrl.quiet import SOURCE
+    from flowrl.utils.quiet import SOURCE
 
     logger = logging.getLogger(SOURCE)
     with caplog.at_level(logging.WARNING, logger=SOURCE):

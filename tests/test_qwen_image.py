@@ -16,14 +16,14 @@ from conftest import ROOT, tiny_recipe
 
 import flowrl
 from flowrl.backbones.qwen_image.tokenizer import template_prefix_length
-from flowrl.evaluate import ode_images
-from flowrl.recipe import load_recipe, recipe_from_dict
-from flowrl.registry import registry
-from flowrl.samplers.walk import walk
-from flowrl.settings import LoraConfig
+from flowrl.config.recipe import load_recipe, recipe_from_dict
+from flowrl.config.settings import LoraConfig
+from flowrl.core.registry import registry
+from flowrl.core.types import Conditioning, Plan, Schedule
+from flowrl.evaluation.evaluate import ode_images
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.sharding import sharding_units
-from flowrl.types import Conditioning, Plan, Schedule
 
 PROMPTS = ["a red circle", "two blue squares", "a cat on the grass"]  # 3, 3 and 5 words: a padded batch
 
@@ -212,7 +212,7 @@ def test_text_embeddings_are_cached_per_prompt(monkeypatch: pytest.MonkeyPatch) 
 
 def test_attention_probe_leaves_the_velocity_and_skips_padded_keys() -> None:
     from flowrl.backbones.common.probe_options import AttentionEntropyOptions
-    from flowrl.interfaces import AttentionEntropyProbe
+    from flowrl.core.interfaces import AttentionEntropyProbe
 
     backbone = _backbone()
     capability: object = backbone

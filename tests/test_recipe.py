@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT, tiny_recipe
 
 from flowrl import RecipeError, load_recipe
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 
 # Training recipes (recipes/pretrain/ holds pre-training recipes, a different schema).
 RECIPES = sorted(p for p in (ROOT / "recipes").rglob("*.toml") if "pretrain" not in p.parts)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import flowrl
-from flowrl.registry import Registry, RegistryError, registry
-from flowrl.types import Plan, Schedule, Unit
+from flowrl.core.registry import Registry, RegistryError, registry
+from flowrl.core.types import Plan, Schedule, Unit
 
 
 class MySelector(flowrl.TimestepSelector):

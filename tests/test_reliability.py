@@ -18,8 +18,8 @@ from conftest import ROOT, tiny_recipe
 from safetensors.torch import load_file
 
 from flowrl import Plan, RewardModel, Schedule, TimestepSelector, Unit
-from flowrl.interfaces import RewardError
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.interfaces import RewardError
 from flowrl.trainer import train
 from flowrl.trainer.run_errors import NonFiniteError, NothingTrainedError
 from flowrl.trainer.runfolder import RunFolderError, lock_run_folder

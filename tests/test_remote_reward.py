@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from safetensors.torch import load_file
 from served import Brightness, free_port, in_thread, reward_in_thread, tiny_world
 
-from flowrl.interfaces import RewardError
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.interfaces import RewardError
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.http import RemoteRewardError, RewardServerUnavailable
 from flowrl.rewards.remote import RemoteReward

@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny_recipe
 
 from flowrl.cli.main import main
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.report.page import CHECK_SCRIPT, alert_steps, check_result, spans, write_report
 from flowrl.trainer import train
 

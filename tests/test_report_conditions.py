@@ -16,8 +16,8 @@ import torch
 from conftest import ROOT, tiny_recipe
 from PIL import Image
 
-from flowrl.conditions import Condition, Prompt, conditions_of
-from flowrl.recipe import load_recipe, recipe_from_dict
+from flowrl.config.recipe import load_recipe, recipe_from_dict
+from flowrl.core.conditions import Condition, Prompt, conditions_of
 from flowrl.report.page import STYLE, write_report
 from flowrl.report.samples import EDIT_STYLE, sample_table
 from flowrl.trainer import train

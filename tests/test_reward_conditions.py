@@ -17,9 +17,9 @@ from conftest import ROOT, tiny_recipe
 from PIL import Image
 
 import flowrl
-from flowrl.condition_checks import reward_condition_problems
-from flowrl.recipe import RecipeError, recipe_from_dict
-from flowrl.registry import registry
+from flowrl.config.condition_checks import reward_condition_problems
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.core.registry import registry
 from flowrl.trainer import train
 
 EDIT_REWARD = [{"type": "world_edit_verifier"}]

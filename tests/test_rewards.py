@@ -20,12 +20,12 @@ import torch
 from conftest import ROOT, SCORE_TOL, tiny_recipe
 from PIL import Image
 
-from flowrl.registry import build
+from flowrl.config.tomlwrite import dumps
+from flowrl.core.registry import build
 from flowrl.rewards.base import RewardConfigError, has_module, resolve_device
 from flowrl.rewards.clip_rewards import linear_stack
 from flowrl.rewards.ocr import levenshtein, quoted_text, text_match
 from flowrl.rewards.preprocess import ImagePreprocess, resized_shape
-from flowrl.tomlwrite import dumps
 
 DATA = ROOT / "tests" / "data" / "rewards"
 CLIP = str(DATA / "clip")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from flowrl.rng import RolloutRNG, derive_seed, generator
+from flowrl.core.rng import RolloutRNG, derive_seed, generator
 
 
 def test_split_across_processes_gives_the_same_noise() -> None:

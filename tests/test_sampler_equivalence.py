@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import flowrl
-from flowrl.evaluate import ode_images
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.walk import walk
-from flowrl.types import Plan, Schedule
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Plan, Schedule
+from flowrl.evaluation.evaluate import ode_images
+from flowrl.parts.samplers.walk import walk
 
 
 @pytest.mark.parametrize("pixel_space", [False, True])

@@ -3,7 +3,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from flowrl.schedule import shifted_sigmas
+from flowrl.core.schedule import shifted_sigmas
 
 
 @pytest.mark.parametrize("num_steps", [1, 4, 10, 16, 25, 50])

@@ -11,13 +11,13 @@ import torch
 from conftest import tiny_recipe
 
 import flowrl
-from flowrl.evaluate import ode_images
-from flowrl.recipe import recipe_from_dict
-from flowrl.samplers.walk import walk
-from flowrl.settings import LoraConfig
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.config.settings import LoraConfig
+from flowrl.core.types import Plan, Schedule
+from flowrl.evaluation.evaluate import ode_images
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer.loop import Trainer
 from flowrl.trainer.lora import add_lora
-from flowrl.types import Plan, Schedule
 
 PROMPTS = ["a red circle", "two blue squares", "a cat on a mat"]
 

@@ -18,10 +18,10 @@ from served import free_port, serve_process, tiny_world
 
 from flowrl.cli.main import main
 from flowrl.cli.serve import listening_socket
-from flowrl.interfaces import RewardError
-from flowrl.recipe import load_recipe, recipe_from_dict
+from flowrl.config.recipe import load_recipe, recipe_from_dict
+from flowrl.config.tomlwrite import dumps
+from flowrl.core.interfaces import RewardError
 from flowrl.rewards.remote import RemoteReward
-from flowrl.tomlwrite import dumps
 from flowrl.trainer import train
 from flowrl.world.components import WorldVerifier
 

@@ -18,9 +18,9 @@ from fastapi import FastAPI
 from PIL import Image
 from served import Brightness, in_thread, reward_in_thread
 
-from flowrl.condition_checks import reward_condition_problems
-from flowrl.conditions import Condition, Prompt, conditions_of
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.condition_checks import reward_condition_problems
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.conditions import Condition, Prompt, conditions_of
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.http import RemoteRewardError
 from flowrl.rewards.remote import RemoteReward

@@ -1,6 +1,6 @@
 """Every allowed value of a setting written once (issue 65 item 5).
 
-A setting whose type is a ``Literal[...]`` takes its check from that type with ``flowrl.choices.one_of``; an
+A setting whose type is a ``Literal[...]`` takes its check from that type with ``flowrl.core.choices.one_of``; an
 ``in_((...))`` validator beside the ``Literal`` lists the same values a second time, and the two lists drift
 (a value added to one only, or the two in different orders in ``docs/reference.md``).
 """
@@ -95,7 +95,7 @@ def test_no_setting_writes_its_allowed_values_twice() -> None:
     found = [hit for hit in hits if hit.split(" ", 1)[1] not in HELD]
     assert not found, (
         "a Literal-typed setting also lists its values in in_(...); write them once, "
-        f"validator=one_of(TheLiteral) (flowrl.choices): {found}"
+        f"validator=one_of(TheLiteral) (flowrl.core.choices): {found}"
     )
 
 

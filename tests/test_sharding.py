@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from served import free_port
 
 from flowrl.backbones.lora.export import LORA_FOLDER
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 
 pytestmark = pytest.mark.slow
 
@@ -176,9 +176,9 @@ def test_sharded_sigkill_and_resume_is_exact_and_the_lora_loads_into_diffusers(
 def _lora_reproduces_flowrl_samples(run_dir: Path, base: Path) -> None:
     from diffusers import FluxPipeline
 
-    from flowrl.loading import load_policy
-    from flowrl.samplers.walk import walk
-    from flowrl.types import Plan, Schedule
+    from flowrl.core.types import Plan, Schedule
+    from flowrl.export.loading import load_policy
+    from flowrl.parts.samplers.walk import walk
 
     policy = load_policy(run_dir)  # one process, no sharding: the checkpoint's gathered weights
     backbone, prompts, steps = policy.backbone, ["a red circle", "two blue squares"], 4

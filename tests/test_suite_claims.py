@@ -235,7 +235,7 @@ def test_shards_from_a_bad_environment_are_one_line(env: dict, named: str, tmp_p
 def test_the_world_edit_suite_reproduces_flowrl_eval_on_the_edit_world(tmp_path: Path) -> None:
     """Conditions through a suite: each item carries its source image into generation and scoring, and the figures
     are flowrl eval's on the same held-out edits, exactly; the prompt hashes see the source images."""
-    from flowrl.loading import load_policy
+    from flowrl.export.loading import load_policy
     from flowrl.suites.comparability import item_hash
     from flowrl.suites.interface import Item
 

@@ -131,7 +131,7 @@ def _run(*args: str) -> int:
 def test_world_suite_reproduces_flowrl_eval_and_compares(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The world suite's figures are flowrl eval's on the same prompts; a second column with other weights gets
     a paired test; a second run does no work; a subset is marked not comparable."""
-    from flowrl.loading import load_policy
+    from flowrl.export.loading import load_policy
 
     out = tmp_path / "out"
     assert _run("run", "world", EGRPO, "--out", str(out), "--prompts", "24", "--quiet", "--batch", "10") == 0
@@ -420,7 +420,7 @@ def test_a_lora_trained_elsewhere_is_a_column(tmp_path: Path) -> None:
     """``RECIPE@LORA``: the recipe's base with a diffusers LoRA folder; its images differ from the base's on the
     same noise, and its weights hash names the LoRA."""
     from flowrl.backbones.lora.export import export_lora
-    from flowrl.settings import LoraConfig
+    from flowrl.config.settings import LoraConfig
     from flowrl.trainer.lora import add_lora
 
     backbone = flowrl.build("backbone", {"type": "world_tiny"})

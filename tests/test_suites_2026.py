@@ -15,7 +15,7 @@ from conftest import ROOT
 
 import flowrl
 from flowrl.cli.main import main
-from flowrl.registry import available
+from flowrl.core.registry import available
 from flowrl.suites import converters
 from flowrl.suites.data import SOURCES, FetchError, fetch
 
@@ -222,7 +222,7 @@ def test_unigen_instruction_scores_and_dimensions(tmp_path: Path, monkeypatch: p
 
 
 def test_unigen_judge_that_never_answers_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flowrl.errors import UserError
+    from flowrl.core.errors import UserError
 
     _unigen_data(tmp_path, monkeypatch)
     ANSWERS.clear()

@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import ROOT, tiny_recipe
 from test_cli import flowrl_cli
 
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.trainer import train
 from flowrl.trainer.summary import run_summary
 

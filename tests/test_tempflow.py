@@ -14,10 +14,10 @@ from flowrl_zoo.tempflow_grpo import step_std
 
 import flowrl
 from flowrl import RecipeError
-from flowrl.recipe import recipe_from_dict
-from flowrl.rng import RolloutRNG
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Plan, RewardBatch, Schedule, Unit
 from flowrl.trainer import Trainer
-from flowrl.types import Plan, RewardBatch, Schedule, Unit
 
 
 def setup(n: int = 6, **sampler: object) -> tuple:

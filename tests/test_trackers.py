@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_recipe
 
-from flowrl.recipe import RecipeError, recipe_from_dict
+from flowrl.config.recipe import RecipeError, recipe_from_dict
 from flowrl.trainer.logger import RunLogger
 from flowrl.trainer.trackers import TrackerError, missing_extra, run_id
 
@@ -55,7 +55,7 @@ def test_validate_and_train_name_a_missing_tracker_before_any_model_loads(
     if importlib.util.find_spec(name) is not None:
         pytest.skip(f"{name} is installed here")
     from flowrl.cli.main import main
-    from flowrl.tomlwrite import dumps
+    from flowrl.config.tomlwrite import dumps
     from flowrl.trainer import loop
 
     recipe = tmp_path / "r.toml"

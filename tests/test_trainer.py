@@ -13,8 +13,8 @@ from conftest import tiny_recipe
 from safetensors.torch import load_file
 
 from flowrl import Plan, PlanError, Schedule, TimestepSelector, Unit
-from flowrl.loading import load_policy
-from flowrl.recipe import RecipeError, recipe_from_dict
+from flowrl.config.recipe import RecipeError, recipe_from_dict
+from flowrl.export.loading import load_policy
 from flowrl.trainer import Trainer, train
 from flowrl.trainer.run_errors import BestMetricError
 
@@ -50,17 +50,17 @@ def test_run_folder(tmp_path: Path) -> None:
 
 def test_sample_row_is_drawn_once_per_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An evaluation and a checkpoint at the same step share one sample row (the weights are the same)."""
-    import flowrl.evaluate
+    import flowrl.evaluation.evaluate
 
     drawn: list[int] = []
-    real = flowrl.evaluate.ode_images
+    real = flowrl.evaluation.evaluate.ode_images
 
     def counted(*args: object, **kwargs: object) -> torch.Tensor:
         if sys._getframe(1).f_code.co_name == "grid":  # the sample row, not the evaluation's own images
             drawn.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(flowrl.evaluate, "ode_images", counted)
+    monkeypatch.setattr(flowrl.evaluation.evaluate, "ode_images", counted)
     recipe = recipe_from_dict(tiny_recipe(image_every=1, eval_every=1, eval_prompts=1, checkpoint_every=1))
     run = train(recipe, tmp_path / "run", quiet=True)
     # steps 0, 1, 2 evaluated; steps 1 and 2 checkpointed (2 twice: the loop's and the final save)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from flowrl.recipe import load_recipe
+from flowrl.config.recipe import load_recipe
 from flowrl.trainer import Trainer
 from flowrl.trainer.micro_batches import prompt_chunks
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flowrl.recipe import RecipeError, load_recipe
-from flowrl.update_modes import resolve_update
+from flowrl.config.recipe import RecipeError, load_recipe
+from flowrl.config.update_modes import resolve_update
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["trainer.prompts_per_step=2", "trainer.eval_every=0", "trainer.eval_every_nfe=0", "trainer.kl_every=0",

@@ -23,8 +23,8 @@ from conftest import tiny_recipe
 
 from flowrl import Plan, RewardModel, TimestepSelector, Unit
 from flowrl.cli.main import main
-from flowrl.tomlwrite import dumps
-from flowrl.types import Schedule
+from flowrl.config.tomlwrite import dumps
+from flowrl.core.types import Schedule
 
 
 def fault() -> str:

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import flowrl
-from flowrl.recipe import RecipeError, recipe_from_dict
+from flowrl.config.recipe import RecipeError, recipe_from_dict
 from flowrl.report.page import _png
 from flowrl.report.samples import sample_table
 from flowrl.rewards.frames import eval_pictures, score_pictures
 from flowrl.trainer.logger import image_grid, save_grid_animation, write_grid
-from flowrl.video import as_stills, frame_choice_problem, frame_indices, write_animation
+from flowrl.utils.video import as_stills, frame_choice_problem, frame_indices, write_animation
 
 
 @given(st.integers(1, 200), st.integers(1, 40))
@@ -73,7 +73,7 @@ def test_an_image_reward_scores_a_clip_as_the_mean_over_its_chosen_frames() -> N
 
 
 def test_a_video_reward_gets_the_whole_clip() -> None:
-    jpeg = flowrl.registry("reward").get("jpeg_compressibility")
+    jpeg = flowrl.core.registry("reward").get("jpeg_compressibility")
     seen: list[tuple[int, ...]] = []
 
     class ClipLength(jpeg):  # type: ignore[misc, valid-type]

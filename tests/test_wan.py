@@ -16,14 +16,14 @@ from conftest import ROOT, tiny_recipe
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 import flowrl
-from flowrl.recipe import RecipeError, load_recipe, recipe_from_dict
-from flowrl.samplers.walk import walk
-from flowrl.schedule import shifted_sigmas
-from flowrl.settings import LoraConfig
+from flowrl.config.recipe import RecipeError, load_recipe, recipe_from_dict
+from flowrl.config.settings import LoraConfig
+from flowrl.core.schedule import shifted_sigmas
+from flowrl.core.types import Plan, Schedule
+from flowrl.parts.samplers.walk import walk
 from flowrl.trainer.loop import Trainer
 from flowrl.trainer.lora import add_lora
 from flowrl.trainer.sharding import sharding_units
-from flowrl.types import Plan, Schedule
 
 PROMPTS = ["a red circle", "two blue squares", "a cat on a table"]
 
@@ -153,7 +153,7 @@ def test_timestep_stays_in_0_1000_and_text_is_padded_like_the_pipeline() -> None
 
 
 def test_nfe_counts_two_rows_per_guided_step() -> None:
-    from flowrl.evaluate import ode_images
+    from flowrl.evaluation.evaluate import ode_images
 
     for scale, per_row in ((4.5, 2), (1.0, 1)):
         backbone = _backbone(guidance_scale=scale)

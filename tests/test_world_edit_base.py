@@ -9,9 +9,9 @@ import torch
 from conftest import tiny_recipe
 
 import flowrl
-from flowrl.conditions import Condition, ConditionError, Prompt, check_source
-from flowrl.recipe import recipe_from_dict
-from flowrl.rng import RolloutRNG
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.conditions import Condition, ConditionError, Prompt, check_source
+from flowrl.core.rng import RolloutRNG
 from flowrl.world.components import BASE_MODEL
 from flowrl.world.edit import Edit, balanced_edits
 from flowrl.world.edit_base import SOURCE, WorldEdit

@@ -13,8 +13,8 @@ import torch
 from conftest import tiny_recipe
 
 import flowrl
-from flowrl.conditions import Condition, Prompt, conditions_of
-from flowrl.recipe import recipe_from_dict
+from flowrl.config.recipe import recipe_from_dict
+from flowrl.core.conditions import Condition, Prompt, conditions_of
 from flowrl.trainer import train
 from flowrl.world import verify_batch
 from flowrl.world.components import BASE_MODEL

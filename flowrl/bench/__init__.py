@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flowrl.bench.errors import BenchError
+from flowrl.bench.bench_errors import BenchError
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrl.bench.errors import BenchError
+from flowrl.bench.bench_errors import BenchError
 from flowrl.bench.report import compare_methods, method_summary
 
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrl.bench.errors import BenchError
+from flowrl.bench.bench_errors import BenchError
 from flowrl.bench.report import FINAL_EVAL, write_report
-from flowrl.recipe import Recipe, RecipeError, load_recipe
+from flowrl.config.recipe import Recipe, RecipeError, load_recipe
 
 # The keys a run may grow when it is extended to a larger budget (the bench sets both to --nfe-budget).
 BUDGET_KEYS = ("trainer.max_nfe", "trainer.max_steps")

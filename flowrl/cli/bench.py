@@ -47,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     """``flowrl bench``; its BenchError is a UserError: one line and exit status 2 (flowrl.cli.main)."""
     from pathlib import Path
 
-    from flowrl.bench.errors import BenchError
+    from flowrl.bench.bench_errors import BenchError
     from flowrl.bench.report import markdown
     from flowrl.bench.run import parse_seeds, run_bench
 
@@ -120,7 +120,7 @@ def leaderboard(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from flowrl.bench.errors import BenchError
+    from flowrl.bench.bench_errors import BenchError
     from flowrl.bench.leaderboard import leaderboard as table
 
     path = Path(args.report) / "results.json"

@@ -9,26 +9,26 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flowrl.conditions import Prompt, conditions_of
-from flowrl.errors import UserError
-from flowrl.recipe import RecipeError, load_recipe
-from flowrl.registry import KINDS, registry, summary
+from flowrl.config.recipe import RecipeError, load_recipe
+from flowrl.core.conditions import Prompt, conditions_of
+from flowrl.core.errors import UserError
+from flowrl.core.registry import KINDS, registry, summary
 from flowrl.trainer.checkpoints.folder import CheckpointError, find_checkpoint
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from flowrl.conditions import Condition
-    from flowrl.recipe import Recipe
+    from flowrl.config.recipe import Recipe
+    from flowrl.core.conditions import Condition
 
-USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 2 (flowrl.errors)
+USER_ERRORS = (UserError, FileNotFoundError)  # one line on stderr, exit status 2 (flowrl.core.errors)
 
 
 def train(args: argparse.Namespace) -> int:
-    from flowrl.cluster import process_rank
     from flowrl.trainer import train as run_training
     from flowrl.trainer.runfolder import RunFolder
     from flowrl.trainer.summary import run_summary
+    from flowrl.utils.cluster import process_rank
 
     own: list[str] = []
     if args.resume:  # fail before any folder is created or written, and before any model loads
@@ -52,7 +52,7 @@ def train(args: argparse.Namespace) -> int:
 
 def validate(args: argparse.Namespace) -> int:
     from flowrl.backbones.lora.targets import lora_target_problems
-    from flowrl.condition_checks import reward_condition_problems
+    from flowrl.config.condition_checks import reward_condition_problems
     from flowrl.rewards.remote import server_problems
     from flowrl.trainer.trackers import tracker_problems
 
@@ -79,7 +79,7 @@ def show(args: argparse.Namespace) -> int:
 
 
 def ls(args: argparse.Namespace) -> int:
-    from flowrl.part_docs import part_text
+    from flowrl.config.part_docs import part_text
 
     kinds = [k for k in args.kind if k in KINDS] or ([] if args.kind else list(KINDS))
     for name in (n for n in args.kind if n not in KINDS):  # a part's name: its settings (every kind using it)
@@ -98,10 +98,10 @@ def ls(args: argparse.Namespace) -> int:
 def entropy(args: argparse.Namespace) -> int:
     import torch
 
-    from flowrl.entropy import entropy_table, format_table, plot_entropy
-    from flowrl.schedule import shifted_sigmas
-    from flowrl.selectors import iteration_plan
-    from flowrl.types import Schedule
+    from flowrl.core.schedule import shifted_sigmas
+    from flowrl.core.types import Schedule
+    from flowrl.parts.entropy import entropy_table, format_table, plot_entropy
+    from flowrl.parts.selectors import iteration_plan
 
     recipe = load_recipe(args.recipe, args.set)
     grid = recipe.schedule
@@ -139,7 +139,7 @@ def entropy(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from flowrl.loading import load_policy
+    from flowrl.export.loading import load_policy
 
     overrides = list(args.set)
     if args.split:
@@ -163,9 +163,9 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def sample(args: argparse.Namespace) -> int:
-    from flowrl.loading import load_policy
+    from flowrl.export.loading import load_policy
     from flowrl.trainer.logger import save_grid_animation, save_grid_png
-    from flowrl.video import ANIMATION_SUFFIXES, is_clip
+    from flowrl.utils.video import ANIMATION_SUFFIXES, is_clip
 
     given = list(args.image or [])
     if given and len(given) not in (1, len(args.prompt)):
@@ -199,7 +199,7 @@ def sample(args: argparse.Namespace) -> int:
 def _check_images(recipe: Recipe, prompts: list[str], given: list[Condition]) -> None:
     """``flowrl sample``'s prompts (with their ``--image``) held to what the recipe's backbone takes, before the
     model loads: an edit base needs ``--image``, a text-to-image base takes none."""
-    from flowrl.conditions import check_conditions
+    from flowrl.core.conditions import check_conditions
 
     part = recipe.parts["backbone"]
     spec = part.cls.accepts(part.config)
@@ -235,9 +235,9 @@ def profile(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from flowrl.loading import load_policy
-    from flowrl.profile import format_profile, front_to_back, plot_profile, reward_profile
-    from flowrl.types import Schedule
+    from flowrl.core.types import Schedule
+    from flowrl.evaluation.profile import format_profile, front_to_back, plot_profile, reward_profile
+    from flowrl.export.loading import load_policy
 
     loaded = load_policy(Path(args.path), args.set)
     grid = loaded.recipe.schedule

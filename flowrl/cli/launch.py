@@ -1,5 +1,5 @@
 """``flowrl launch [cluster options] -- COMMAND ...``: run a flowrl command on every process of this node, the
-cluster read from the command line and the scheduler's variables (:mod:`flowrl.cluster`).
+cluster read from the command line and the scheduler's variables (:mod:`flowrl.utils.cluster`).
 
 The launcher starts this node's processes itself (with the variables torchrun would set), passes SIGINT,
 SIGTERM and SIGHUP on to them, and exits with their status: a stop signal to any process of any node ends every
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from flowrl.cluster import ClusterError, resolve, wait_for_nodes, worker_command, worker_env
+    from flowrl.utils.cluster import ClusterError, resolve, wait_for_nodes, worker_command, worker_env
 
     command = list(args.command)
     if command[0] == "flowrl":

@@ -29,7 +29,7 @@ from flowrl.cli.options import (  # noqa: E402
     Text,
     Whole,
 )
-from flowrl.errors import PartError  # noqa: E402
+from flowrl.core.errors import PartError  # noqa: E402
 
 CHECKPOINT_HELP = "of a run folder: last (default), best (checkpoints/best) or a step number"
 RECIPE, FOLDER = ExistingPath("file", "recipe file"), ExistingPath("folder", "run or checkpoint folder")

@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any, NoReturn
 
-from flowrl.rng import SEED_LIMIT
+from flowrl.core.rng import SEED_LIMIT
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -134,7 +134,7 @@ class KindOrPart(Kind):
     """A kind of part (``selector``) or a registered part's name (``egrpo_entropy``)."""
 
     def __call__(self, text: str) -> str:
-        from flowrl.registry import KINDS, available
+        from flowrl.core.registry import KINDS, available
 
         if text in KINDS or any(text in available(kind) for kind in KINDS):
             return text
@@ -219,11 +219,11 @@ class ExistingPath(Kind):
 
 class ConditionImage(Kind):
     """A condition image file (``flowrl sample --image``): read and checked now, as the JSONL prompt source checks
-    its images (:meth:`flowrl.conditions.Condition.from_file`: missing, unreadable, a mode flowrl does not take);
-    the value is the :class:`~flowrl.conditions.Condition`. Whether the base takes it is the command's check."""
+    its images (:meth:`flowrl.core.conditions.Condition.from_file`: missing, unreadable, a mode flowrl does not take);
+    the value is the :class:`~flowrl.core.conditions.Condition`. Whether the base takes it is the command's check."""
 
     def __call__(self, text: str) -> Any:
-        from flowrl.conditions import Condition, ConditionError
+        from flowrl.core.conditions import Condition, ConditionError
 
         if not text.strip():
             _refuse("expected an image file, got nothing")

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from flowrl.cli.options import KeyValue, Text, Whole
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 DEFAULT_PORT = 8700
 
@@ -40,9 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def build_reward(name: str, settings: list[str]) -> Any:
     """The reward ``name`` with ``key=value`` settings (``reward.key=value`` too), validated and checked."""
-    from flowrl.config import ConfigError, structure
-    from flowrl.recipe import apply_override
-    from flowrl.registry import registry
+    from flowrl.config.recipe import apply_override
+    from flowrl.core.convert import ConfigError, structure
+    from flowrl.core.registry import registry
 
     cls: Any = registry("reward").get(name)
     data: dict[str, Any] = {}

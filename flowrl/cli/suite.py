@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def _value(text: str) -> Any:
 
 def build_suite(spec: str, settings: list[str]) -> tuple[str, Any, dict[str, Any]]:
     """The suite's name, the built suite and its settings, from a name or a TOML file plus ``--set`` pairs."""
-    from flowrl.registry import build
+    from flowrl.core.registry import build
 
     table: dict[str, Any] = {"type": spec}
     if spec.endswith(".toml"):
@@ -100,7 +100,7 @@ def _shard(given: tuple[int, int] | None) -> tuple[int, int]:
     """``--shard`` as given, else the launcher's ``RANK``/``WORLD_SIZE`` (one process: ``(0, 1)``)."""
     if given is not None:
         return given
-    from flowrl.cluster import process_rank
+    from flowrl.utils.cluster import process_rank
 
     return process_rank(os.environ)  # checked: a malformed or inconsistent variable is one line naming it
 
@@ -135,10 +135,10 @@ def policy_for(path: Path, protocol: Any, lora: str = "") -> tuple[Any, Any]:
     with the base's own values filled in."""
     import attrs
 
-    from flowrl.loading import load_policy
-    from flowrl.recipe import load_recipe
+    from flowrl.config.recipe import load_recipe
+    from flowrl.core.types import Schedule
+    from flowrl.export.loading import load_policy
     from flowrl.trainer.checkpoints.folder import find_checkpoint
-    from flowrl.types import Schedule
 
     recipe_file = path if path.suffix == ".toml" else find_checkpoint(path) / "recipe.toml"
     recipe = load_recipe(recipe_file)

@@ -1,4 +1,4 @@
-"""Conformance of advantage estimators (:class:`~flowrl.interfaces.AdvantageEstimator`)."""
+"""Conformance of advantage estimators (:class:`~flowrl.core.interfaces.AdvantageEstimator`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch
 from torch import Tensor
 
 from flowrl.conformance.common import finite, require
-from flowrl.interfaces import AdvantageEstimator
+from flowrl.core.interfaces import AdvantageEstimator
+from flowrl.core.types import Advantages, RewardBatch, Rollout, transition_advantages
 from flowrl.trainer.advantage import global_view
-from flowrl.types import Advantages, RewardBatch, Rollout, transition_advantages
 
 # Advantages are float32 of magnitude about 1 to 5 (the clip); a batch joined in another order sums its
 # statistics (float64 inside group_normalize) in another order, which moves a float32 result by an ulp or so
@@ -76,7 +76,7 @@ def check_advantage(
 
     - one finite float advantage per rollout (``values``); ``per_reward`` names only rewards of the batch,
       each finite with one value per rollout; ``nodes`` given whenever the transitions index nodes, so that
-      every transition gets a finite advantage (:func:`~flowrl.types.transition_advantages`);
+      every transition gets a finite advantage (:func:`~flowrl.core.types.transition_advantages`);
     - deterministic: the same rewards give identical advantages;
     - a group (``rollout.group``) whose every reward is constant gets zero advantages (the trainer's health
       figure ``zero_spread`` counts such groups as contributing no gradient);

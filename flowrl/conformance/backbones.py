@@ -1,4 +1,4 @@
-"""Conformance of backbones (:class:`~flowrl.interfaces.Backbone`)."""
+"""Conformance of backbones (:class:`~flowrl.core.interfaces.Backbone`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from flowrl.conformance.common import close, counting_rows, finite, require
-from flowrl.interfaces import AttentionEntropyProbe, Backbone
+from flowrl.core.interfaces import AttentionEntropyProbe, Backbone
 
 # Velocities of a float32 transformer move with the batch shape (BLAS blocking) by about 1e-7 of their scale:
 # 2.2e-6 measured for velocities up to 6 (tiny FLUX, tiny SD3, the world's model). 1e-4 of the largest

@@ -1,5 +1,5 @@
-"""Conformance of training objectives: :class:`~flowrl.interfaces.PolicyLoss` (recorded transitions) and
-:class:`~flowrl.interfaces.ForwardProcessLoss` (re-noised final latents).
+"""Conformance of training objectives: :class:`~flowrl.core.interfaces.PolicyLoss` (recorded transitions) and
+:class:`~flowrl.core.interfaces.ForwardProcessLoss` (re-noised final latents).
 
 The inputs are built as the trainer builds them (flowrl/trainer/micro_batches.py): the policy's velocity ``v`` is the
 only tensor with a gradient; the old log-densities, the old velocity, the reference and the advantages come
@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from flowrl.conformance.common import finite, finite_stats, require
-from flowrl.interfaces import ForwardProcessLoss, Loss, PolicyLoss, gaussian_log_prob
-from flowrl.types import ForwardProcessInputs, LossInputs
+from flowrl.core.interfaces import ForwardProcessLoss, Loss, PolicyLoss, gaussian_log_prob
+from flowrl.core.types import ForwardProcessInputs, LossInputs
 
 # Losses are float32 means over a handful of rows of magnitude about 1: a micro-batch split or a reordered sum
 # moves them by a few ulps (1e-7 relative); a loss that is not a mean over rows is off by a factor.

@@ -8,9 +8,9 @@ import torch
 
 from flowrl.conformance.common import ConformanceError, counting_rows
 from flowrl.conformance.common import require as _require
-from flowrl.interfaces import Backbone, RolloutSampler, TimestepSelector, TransitionKernel
-from flowrl.rng import RolloutRNG
-from flowrl.types import Plan, PlanError, Rollout, Schedule
+from flowrl.core.interfaces import Backbone, RolloutSampler, TimestepSelector, TransitionKernel
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Plan, PlanError, Rollout, Schedule
 
 
 # -- selectors -----------------------------------------------------------------------------------
@@ -65,8 +65,8 @@ def check_sampler(
     """Rules: images ``(R, 3, H, W)`` in [0, 1] with one prompt index and one group per rollout; transitions
     that index existing inputs, rollouts and plan units, with finite old log-densities; ``rollout.nfe`` equal to
     the transformer rows the backbone evaluated and to the backbone's own counter; as many rollouts as
-    :meth:`~flowrl.interfaces.RolloutSampler.rollout_count` declares (the memory pre-check sizes the iteration
-    with it); the same :class:`~flowrl.rng.RolloutRNG` gives the same images from a fresh instance. Returns the
+    :meth:`~flowrl.core.interfaces.RolloutSampler.rollout_count` declares (the memory pre-check sizes the iteration
+    with it); the same :class:`~flowrl.core.rng.RolloutRNG` gives the same images from a fresh instance. Returns the
     rollout."""
     sampler = make()
     prompts = list(prompts)

@@ -1,4 +1,4 @@
-"""Conformance of reward models (:class:`~flowrl.interfaces.RewardModel`)."""
+"""Conformance of reward models (:class:`~flowrl.core.interfaces.RewardModel`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from flowrl.conformance.common import finite, finite_stats, require
-from flowrl.interfaces import RewardModel
+from flowrl.core.interfaces import RewardModel
 
 # Scores of float32 models move with the batch shape and the thread count (BLAS blocking, SIMD width) by about
 # 1e-7 of their scale: 1.4e-6 measured for PickScore at about 10 between a batch of 4 and one image at a time,

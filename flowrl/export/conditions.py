@@ -1,6 +1,6 @@
 """An exported conditioned model (an edit base): what the card says it takes, and the source images in the folder.
 
-The base's :meth:`~flowrl.interfaces.Backbone.accepts` (a :class:`~flowrl.conditions.ConditionSpec`: how many
+The base's :meth:`~flowrl.core.interfaces.Backbone.accepts` (a :class:`~flowrl.core.conditions.ConditionSpec`: how many
 images, which modes, what each is) goes into the card's facts. The sample prompts' condition images are written
 into ``sources/`` as PNGs of their own pixels (``sources/<row>.png``, or ``sources/<row>-<image>.png`` for a
 prompt with several), so that the card's ``flowrl sample . --prompt ... --image sources/1.png`` runs as written in
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flowrl.conditions import Condition, conditions_of
+from flowrl.core.conditions import Condition, conditions_of
 from flowrl.export.facts import Takes
 
 SOURCES = "sources"
 
 
 def takes(backbone_part: Any) -> Takes:
-    """The recipe's backbone part's :class:`~flowrl.conditions.ConditionSpec`, asked of its class and config."""
+    """The recipe's backbone part's :class:`~flowrl.core.conditions.ConditionSpec`, asked of its class and config."""
     spec = backbone_part.cls.accepts(backbone_part.config)
     if spec.count[1] == 0:
         return Takes()

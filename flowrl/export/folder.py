@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 from flowrl.export.card import CardFacts, Figure, model_card
 from flowrl.export.conditions import source_files, takes
 from flowrl.export.manifest import BASE_FOLDER, Manifest, is_exported
@@ -129,10 +129,10 @@ def _write_weights(loaded: Any, staging: Path, full_weights: bool) -> None:
 def _write_samples(loaded: Any, staging: Path, prompts: Sequence[str], per_prompt: int) -> str:
     """The sample grid, a row per prompt; where the prompts carry condition images (an edit's source), each row
     starts with its prompt's source (:func:`~flowrl.export.conditions.with_sources`)."""
-    from flowrl.conditions import conditions_of
+    from flowrl.core.conditions import conditions_of
     from flowrl.export.conditions import with_sources
     from flowrl.trainer.logger import save_grid_animation, save_grid_png
-    from flowrl.video import is_clip
+    from flowrl.utils.video import is_clip
 
     images = loaded.images([p for p in prompts for _ in range(per_prompt)], seed=0)
     if any(conditions_of(p) for p in prompts):
@@ -213,7 +213,7 @@ def _copy_base(base: Base, staging: Path) -> None:
 def _example(loaded: Any, rows: Sequence[str]) -> str:
     """The prompt of the card's example: the first sample row, else the first held-out prompt; for a base that
     takes condition images, the first of those with some (the example passes its source with ``--image``)."""
-    from flowrl.conditions import conditions_of
+    from flowrl.core.conditions import conditions_of
 
     candidates = [*rows, *(loaded.prompts.heldout() or [])] or ["a photo"]
     if takes(loaded.recipe.parts["backbone"]).count[1]:
@@ -254,7 +254,7 @@ def export_checkpoint(
     """Write the hand-on folder of a run's (or a checkpoint folder's) checkpoint into ``out``; returns ``out``.
     ``prompts``: the sample grid's rows (default: the first held-out prompts; none: no grid when
     ``per_prompt`` is 0). ``full_weights`` on a full fine-tune: nothing to merge, said on stderr."""
-    from flowrl.loading import load_policy
+    from flowrl.export.loading import load_policy
 
     path, out = Path(path), Path(out)
     if path.suffix == ".toml":

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

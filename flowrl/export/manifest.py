@@ -3,7 +3,7 @@
 It names the step of the exported checkpoint, which weights the folder holds (``lora``: the diffusers LoRA folder
 ``lora/``; ``transformer``: the trained transformer as a diffusers model folder ``transformer/``) and the folder
 of the base pipeline shipped in the export (``base/``, when the base was a local folder), so that
-:func:`flowrl.loading.load_policy`, and through it ``flowrl sample``, ``flowrl eval`` and ``flowrl suite run``,
+:func:`flowrl.export.loading.load_policy`, and through it ``flowrl sample``, ``flowrl eval`` and ``flowrl suite run``,
 take an exported folder as they take a checkpoint. Light: no model library is imported here.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 MANIFEST = "flowrl_export.json"
 FORMAT = 1

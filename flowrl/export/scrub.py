@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from flowrl.tomlwrite import dumps
+from flowrl.config.tomlwrite import dumps
 
 # huggingface_hub's cache keeps a hub repository's files in .../models--OWNER--NAME/snapshots/<commit>/
 CACHE_SNAPSHOT = re.compile(r"(?:^|/)models--([A-Za-z0-9][\w.-]*)--([\w.-]+)/snapshots/[0-9a-f]+/?$")

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from flowrl.backbones.flux.adapter import pack_pixels
-from flowrl.conditions import Condition, Prompt, conditions_of
+from flowrl.core.conditions import Condition, Prompt, conditions_of
+from flowrl.core.types import Conditioning
 from flowrl.pretrain.trainer import EvalSplit, Pretrainer
-from flowrl.types import Conditioning
 from flowrl.world.edit import EDIT_KINDS, Edit, sample_edits
 from flowrl.world.grammar import PRETRAIN_SPLITS
 

@@ -28,9 +28,9 @@ import torch
 from attrs.validators import ge, gt, le, lt
 
 from flowrl.backbones.flux.tiny import TinyFluxSpec
-from flowrl.choices import one_of
-from flowrl.config import ConfigError, structure
-from flowrl.recipe import RecipeError, apply_override
+from flowrl.config.recipe import RecipeError, apply_override
+from flowrl.core.choices import one_of
+from flowrl.core.convert import ConfigError, structure
 from flowrl.world.render import Lattice
 
 positive: Any = gt(0)

@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from flowrl.config import unstructure
-from flowrl.lr_schedule import lr_factor
+from flowrl.core.convert import unstructure
+from flowrl.core.types import Conditioning
 from flowrl.pretrain.data import miscaptioned, render_parallel
 from flowrl.pretrain.model import build_backbone, load_initial_weights, parameter_counts, swapped_in
 from flowrl.pretrain.recipe import PretrainRecipe, training_device
-from flowrl.types import Conditioning
+from flowrl.utils.lr_schedule import lr_factor
 from flowrl.world.grammar import PRETRAIN_SPLITS, sample_scenes
 from flowrl.world.render import render_batch
 
@@ -181,8 +181,8 @@ class Pretrainer:
         ``test/score``, ``test/strict``, ``test/strict/single`` (single objects), ``novel/score``, ... (what
         :meth:`eval_reward`, :meth:`eval_prompts` and :meth:`eval_figures` say)."""
         import flowrl
-        from flowrl.evaluate import evaluate
-        from flowrl.types import Schedule
+        from flowrl.core.types import Schedule
+        from flowrl.evaluation.evaluate import evaluate
 
         e = self.recipe.eval
         sigmas = self.backbone.schedule_sigmas(e.num_steps, e.shift)
@@ -296,7 +296,7 @@ class Pretrainer:
     def _write_provenance(
         self, losses: list[float], evals: list[dict[str, float]], wall: float, counts: dict[str, int]
     ) -> None:
-        from flowrl.tomlwrite import dumps
+        from flowrl.config.tomlwrite import dumps
 
         recipe = unstructure(self.recipe)
         recipe["output_dir"] = self.recipe.output_dir

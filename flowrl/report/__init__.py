@@ -1,6 +1,6 @@
 """``flowrl report``: a one-page HTML report of a run (:mod:`flowrl.report.page`)."""
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 
 class ReportError(UserError):

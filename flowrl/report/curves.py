@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from flowrl.finite import finite_number
+from flowrl.utils.finite import finite_number
 
 
 @attrs.frozen

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from flowrl.config import ConfigError
-from flowrl.interfaces import RewardModel
+from flowrl.core.convert import ConfigError
+from flowrl.core.interfaces import RewardModel
 
 DType = Literal["float32", "bfloat16", "float16"]  # a reward model's `dtype` setting (each module's DTYPES maps it)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from flowrl.interfaces import RewardModel
+from flowrl.core.interfaces import RewardModel
 
 
 @attrs.frozen

@@ -2,7 +2,7 @@
 declares itself a video reward (``RewardModel.video = True``) gets the whole clip ``(B, F, 3, H, W)``.
 
 Which frames: the reward's ``frames`` (a recipe's ``[[reward]] frames``: a count evenly spaced, a list of
-indices, or ``"all"``; :func:`flowrl.video.frame_indices`). Images ``(B, 3, H, W)`` pass through unchanged, so
+indices, or ``"all"``; :func:`flowrl.utils.video.frame_indices`). Images ``(B, 3, H, W)`` pass through unchanged, so
 every caller that scores a rollout's or an evaluation's pictures goes through these two functions.
 
 Each call hands the reward its own copy of the pictures and prompts: a reward that changes its input in place
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from flowrl.interfaces import RewardModel
-from flowrl.video import frame_indices, is_clip
+from flowrl.core.interfaces import RewardModel
+from flowrl.utils.video import frame_indices, is_clip
 
 
 def _frames(model: RewardModel, clips: Tensor, prompts: list[str]) -> tuple[Tensor, list[str], int]:

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from flowrl.interfaces import RewardError
+from flowrl.core.interfaces import RewardError
 from flowrl.rewards.wire import WireError, loads
 
 RETRIED_STATUS = frozenset({408, 429, *range(500, 600)})

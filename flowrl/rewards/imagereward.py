@@ -30,8 +30,8 @@ import torch
 from attrs.validators import gt
 from torch import Tensor, nn
 
-from flowrl.choices import one_of
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
 from flowrl.rewards.base import DType, ModelReward, RewardConfigError, load_torch_file
 from flowrl.rewards.preprocess import (
     CLIP_MEAN,

@@ -11,8 +11,8 @@ from attrs.validators import gt, in_
 from PIL import Image
 from torch import Tensor
 
-from flowrl.interfaces import RewardModel
-from flowrl.registry import register
+from flowrl.core.interfaces import RewardModel
+from flowrl.core.registry import register
 
 
 def jpeg_size_kb(image: np.ndarray, quality: int) -> float:

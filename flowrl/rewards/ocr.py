@@ -23,7 +23,7 @@ import torch
 from attrs.validators import ge, le
 from torch import Tensor
 
-from flowrl.registry import register
+from flowrl.core.registry import register
 from flowrl.rewards.base import ModelReward
 from flowrl.rewards.preprocess import to_uint8
 

@@ -23,9 +23,9 @@ import torch
 from attrs.validators import ge, gt
 from torch import Tensor
 
-from flowrl.choices import one_of
-from flowrl.interfaces import RewardModel
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.interfaces import RewardModel
+from flowrl.core.registry import register
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.http import Endpoint, RemoteRewardError, RewardServerUnavailable
 from flowrl.rewards.openai_judge import DEFAULT_TEMPLATE, JudgeSettings, judge_health, judge_score

@@ -10,7 +10,7 @@ two lossless encodings:
   tensor the trainer made), four bytes a value.
 
 Two versions. ``flowrl-reward/1`` carries the results and their prompts' text; ``flowrl-reward/2`` adds each
-prompt's **condition images** (an edit's source image, flowrl.conditions), for a reward that scores a result
+prompt's **condition images** (an edit's source image, flowrl.core.conditions), for a reward that scores a result
 against them. A request (``POST /score``, and ``POST /metrics`` for evaluation figures)::
 
     {"protocol": "flowrl-reward/1" | "flowrl-reward/2", "prompts": [str], "metadata": [object | null] (optional),
@@ -19,7 +19,7 @@ against them. A request (``POST /score``, and ``POST /metrics`` for evaluation f
 
 A condition image is a PNG of its own pixels, in its own size and mode (RGB, RGBA or L: what the prompt file
 held, exactly), at most :data:`MAX_CONDITIONS` a prompt and :data:`MAX_SIDE` pixels a side. A version-2 server
-decodes them back into :class:`~flowrl.conditions.Prompt` objects, equal to the trainer's. A request without
+decodes them back into :class:`~flowrl.core.conditions.Prompt` objects, equal to the trainer's. A request without
 ``protocol`` is version 1.
 
 Answer of ``/score``: ``{"scores": [float], "components": {name: [float]}}`` (``components`` optional), one score
@@ -41,9 +41,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from flowrl.choices import values
-from flowrl.conditions import MODES, Condition, Prompt, conditions_of
-from flowrl.errors import UserError
+from flowrl.core.choices import values
+from flowrl.core.conditions import MODES, Condition, Prompt, conditions_of
+from flowrl.core.errors import UserError
 
 PROTOCOL = "flowrl-reward/1"  # results and their prompts' text
 PROTOCOL_CONDITIONS = "flowrl-reward/2"  # version 1 and each prompt's condition images
@@ -139,7 +139,7 @@ def encode_condition(condition: Condition) -> dict[str, Any]:
 
 
 def decode_condition(item: Any, where: str) -> Condition:
-    """A :class:`~flowrl.conditions.Condition` from its encoding; :class:`WireError` naming ``where``."""
+    """A :class:`~flowrl.core.conditions.Condition` from its encoding; :class:`WireError` naming ``where``."""
     from PIL import Image, UnidentifiedImageError
 
     if not isinstance(item, dict) or not isinstance(item.get("data"), str):

@@ -29,9 +29,9 @@ from starlette.concurrency import run_in_threadpool
 from torch import Tensor
 
 import flowrl
-from flowrl.conditions import conditions_of
-from flowrl.config import unstructure
-from flowrl.interfaces import RewardModel
+from flowrl.core.conditions import conditions_of
+from flowrl.core.convert import unstructure
+from flowrl.core.interfaces import RewardModel
 from flowrl.rewards.wire import (
     ENCODINGS,
     MAX_CONDITIONS,

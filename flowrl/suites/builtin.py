@@ -10,8 +10,8 @@ import attrs
 from attrs.validators import gt
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.registry import build, register
+from flowrl.core.errors import UserError
+from flowrl.core.registry import build, register
 from flowrl.suites.interface import Item, Suite, plain
 from flowrl.suites.prompt_sets import suite_items
 from flowrl.suites.protocol import Protocol

@@ -24,7 +24,7 @@ NOISE_KEYS = ("noise", "seed", "images", "resolution")  # what decides each imag
 def item_hash(item: Item) -> str:
     """A prompt's identity: its text, its condition images (their pixel digests), category and the metadata its
     scorer reads."""
-    from flowrl.conditions import conditions_of
+    from flowrl.core.conditions import conditions_of
 
     images = [c.key for c in conditions_of(item.prompt)]
     text = json.dumps([str(item.prompt), item.category, item.meta, *([images] if images else [])], sort_keys=True,

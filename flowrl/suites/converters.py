@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 DPG_BLOB = "98457fc9901943f51ff9a30367250fc292533bed"  # git's blob id of dpg_bench.csv at the pinned commit
 UNIGEN_KEYS = {"en": ("Testpoints", "Testpoint Description"), "zh": ("考点", "考点对应描述")}

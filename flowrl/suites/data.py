@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 from flowrl.suites.converters import CONVERTERS, FetchError
 
 RAW = "https://raw.githubusercontent.com"

@@ -26,8 +26,8 @@ import attrs
 import numpy as np
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.registry import register
+from flowrl.core.errors import UserError
+from flowrl.core.registry import register
 from flowrl.suites.interface import Item, Suite
 from flowrl.suites.judge import NO, YES, Judge, resolve_judge, served_model
 from flowrl.suites.prompt_sets import suite_items

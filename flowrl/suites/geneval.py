@@ -18,8 +18,8 @@ import attrs
 import numpy as np
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.registry import register
+from flowrl.core.errors import UserError
+from flowrl.core.registry import register
 from flowrl.suites.geneval_rules import TAGS, Detected, judge
 from flowrl.suites.interface import Item, Suite, finite_mean, named_function
 from flowrl.suites.prompt_sets import suite_items

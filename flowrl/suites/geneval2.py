@@ -19,8 +19,8 @@ import attrs
 import numpy as np
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.registry import register
+from flowrl.core.errors import UserError
+from flowrl.core.registry import register
 from flowrl.suites.interface import Item, Suite
 from flowrl.suites.judge import SUFFIX, Judge, openai_judge, transformers_judge  # noqa: F401 (geneval2's names)
 from flowrl.suites.judge import resolve_judge as shared_resolve

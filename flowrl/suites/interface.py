@@ -17,9 +17,9 @@ import attrs
 import numpy as np
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.interfaces import Component
-from flowrl.registry import add_kind
+from flowrl.core.errors import UserError
+from flowrl.core.interfaces import Component
+from flowrl.core.registry import add_kind
 from flowrl.suites.protocol import Protocol
 
 
@@ -49,7 +49,7 @@ class Suite(Component, ABC):
 
     @abstractmethod
     def items(self) -> list[Item]:
-        """The suite's prompts, in their fixed order (a :class:`flowrl.errors.UserError` when missing)."""
+        """The suite's prompts, in their fixed order (a :class:`flowrl.core.errors.UserError` when missing)."""
 
     @abstractmethod
     def score(self, images: Tensor, items: Sequence[Item]) -> list[dict[str, float]]:
@@ -58,7 +58,7 @@ class Suite(Component, ABC):
         :meth:`aggregate`, left out of comparisons)."""
 
     def check(self) -> None:
-        """Raise a :class:`flowrl.errors.UserError` unless the suite can score (weights, extras, a server): one
+        """Raise a :class:`flowrl.core.errors.UserError` unless the suite can score (weights, extras, a server): one
         message naming everything missing, since it runs before generation."""
 
     def headline(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 from flowrl.suites.interface import named_function
 
 SUFFIX = " Answer in one word."  # GenEval 2's instruction after each question

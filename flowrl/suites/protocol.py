@@ -18,10 +18,10 @@ import torch
 from attrs.validators import ge, gt, lt, optional
 from torch import Tensor
 
-from flowrl.choices import one_of
-from flowrl.evaluate import STREAM_CHUNK
-from flowrl.interfaces import Backbone
-from flowrl.rng import generator
+from flowrl.core.choices import one_of
+from flowrl.core.interfaces import Backbone
+from flowrl.core.rng import generator
+from flowrl.evaluation.evaluate import STREAM_CHUNK
 
 NoiseRule = Literal["prompt", "stream"]
 

@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from flowrl.errors import UserError
-from flowrl.jsonl import append_rows, read_rows
+from flowrl.core.errors import UserError
 from flowrl.suites.interface import Item, Suite
 from flowrl.suites.protocol import Protocol, initial_noise
+from flowrl.utils.jsonl import append_rows, read_rows
 
 RUN, SUMMARY, SCORES, SCORING = "run.json", "summary.json", "scores.jsonl", "scoring.json"
 
@@ -154,10 +154,10 @@ def batches(rows: list[Any], size: int) -> Iterator[list[Any]]:
 
 def generate(policy: Any, suite: Suite, protocol: Protocol, folder: Path, facts: dict[str, Any],
              shard: tuple[int, int] = (0, 1), limit: int | None = None, batch: int = 16, quiet: bool = False) -> int:
-    """Make this shard's missing images of ``suite`` with ``policy`` (a :class:`flowrl.loading.LoadedPolicy`
+    """Make this shard's missing images of ``suite`` with ``policy`` (a :class:`flowrl.export.loading.LoadedPolicy`
     built for ``protocol``); returns how many were made."""
-    from flowrl.evaluate import sample_images
-    from flowrl.types import Plan
+    from flowrl.core.types import Plan
+    from flowrl.evaluation.evaluate import sample_images
 
     items = suite.items()
     check_run(folder, facts)
@@ -192,7 +192,7 @@ def contact_sheet(folder: Path, items: Sequence[Item], prompts: int = 8) -> None
     """``samples.png``: the images of the first ``prompts`` prompts written so far, one row per prompt, and
     ``samples.txt`` with those prompts in order (to look at before reading any figure)."""
     from flowrl.trainer.logger import save_grid_png
-    from flowrl.video import as_stills
+    from flowrl.utils.video import as_stills
 
     rows = sorted(written(folder, present=True).values(), key=lambda r: (r["prompt_index"], r["image"]))
     chosen = sorted({int(r["prompt_index"]) for r in rows})[:prompts]

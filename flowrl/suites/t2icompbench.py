@@ -28,8 +28,8 @@ import attrs
 import numpy as np
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.registry import build, register
+from flowrl.core.errors import UserError
+from flowrl.core.registry import build, register
 from flowrl.suites.interface import Item, Suite, named_function, plain
 from flowrl.suites.judge import Judge, resolve_judge, served_model, yes_share
 from flowrl.suites.prompt_sets import suite_items

@@ -29,8 +29,8 @@ import numpy as np
 from attrs.validators import in_
 from torch import Tensor
 
-from flowrl.errors import UserError
-from flowrl.registry import register
+from flowrl.core.errors import UserError
+from flowrl.core.registry import register
 from flowrl.suites.interface import Item, Suite, named_function
 from flowrl.suites.prompt_sets import suite_items
 from flowrl.suites.protocol import Protocol

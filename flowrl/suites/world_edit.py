@@ -12,9 +12,9 @@ import numpy as np
 from attrs.validators import gt
 from torch import Tensor
 
-from flowrl.choices import one_of
-from flowrl.conditions import conditions_of
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.conditions import conditions_of
+from flowrl.core.registry import register
 from flowrl.suites.interface import Item, Suite
 from flowrl.suites.protocol import Protocol
 

@@ -3,7 +3,7 @@
 Each process samples whole groups for its slice of the prompts. The estimator sees the gathered batch of every
 process (so a global std, or any statistic across groups, is the one a single process would compute) and each
 process keeps its own slice. A method's own data (``Rollout.extras``) is gathered by each value's declared rule
-(:mod:`flowrl.extras`), and each process keeps its own nodes' advantages (``Advantages.nodes``); every process
+(:mod:`flowrl.core.extras`), and each process keeps its own nodes' advantages (``Advantages.nodes``); every process
 must hold the same number of nodes (the plan is the same everywhere).
 """
 
@@ -15,10 +15,10 @@ import attrs
 import torch
 from torch import Tensor
 
-from flowrl.extras import Gather, unique_ids
-from flowrl.interfaces import AdvantageEstimator
+from flowrl.core.extras import Gather, unique_ids
+from flowrl.core.interfaces import AdvantageEstimator
+from flowrl.core.types import Advantages, RewardBatch, Rollout
 from flowrl.trainer.distributed import gather
-from flowrl.types import Advantages, RewardBatch, Rollout
 
 
 def global_advantages(

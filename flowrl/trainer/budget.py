@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from flowrl.settings import TrainerConfig
+from flowrl.config.settings import TrainerConfig
 
 
 class Budget:

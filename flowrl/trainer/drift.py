@@ -22,9 +22,9 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from flowrl.interfaces import Backbone, TransitionKernel
-from flowrl.losses import gaussian_mean_kl
-from flowrl.types import Conditioning, Schedule, Transitions
+from flowrl.core.interfaces import Backbone, TransitionKernel
+from flowrl.core.types import Conditioning, Schedule, Transitions
+from flowrl.parts.losses import gaussian_mean_kl
 
 MAX_INPUTS = 32  # transformer inputs evaluated twice (current, initial) per measurement
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from flowrl.interfaces import PromptSource
+from flowrl.config.settings import TrainerConfig
+from flowrl.core.interfaces import PromptSource
+from flowrl.core.types import Schedule
 from flowrl.rewards.built import BuiltReward
-from flowrl.settings import TrainerConfig
 from flowrl.trainer.logger import SamplePrompts, write_grid
 from flowrl.trainer.policy import TrainedPolicy
-from flowrl.types import Schedule
 
 Grid = tuple[torch.Tensor, list[str]]
 
@@ -36,7 +36,7 @@ class HeldOut:
     def evaluate(self, grid_file: Path, step: int) -> dict[str, float]:
         """Figures keyed ``eval/...`` (``{}`` without evaluation prompts) of the policy after ``step``
         iterations; the sample row goes to ``grid_file``."""
-        from flowrl.evaluate import evaluate
+        from flowrl.evaluation.evaluate import evaluate
 
         prompts = self.prompts.heldout()[: self.cfg.eval_prompts]
         if not prompts:
@@ -54,7 +54,7 @@ class HeldOut:
         (or training) prompts, and the prompts; None where this process has no part in them
         (``trainer.image_every = 0``, or not the main process of an unsharded run; when sharded every process
         takes part in the forwards). Drawn once per step: a checkpoint at an evaluation's step reuses its row."""
-        from flowrl.evaluate import ode_images
+        from flowrl.evaluation.evaluate import ode_images
 
         if self._grid is not None and self._grid[0] == step:
             return self._grid[1]

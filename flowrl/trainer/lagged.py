@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from flowrl.interfaces import ForwardProcessLoss, Loss
+from flowrl.core.interfaces import ForwardProcessLoss, Loss
 from flowrl.trainer.ema import EMA
 
 

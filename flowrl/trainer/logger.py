@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowrl.conditions import conditions_of
-from flowrl.jsonl import append_rows
+from flowrl.core.conditions import conditions_of
 from flowrl.trainer.runfolder import read_metrics
 from flowrl.trainer.trackers import open_trackers
-from flowrl.video import as_stills, is_clip
+from flowrl.utils.jsonl import append_rows
+from flowrl.utils.video import as_stills, is_clip
 
 
 class RunLogger:
@@ -66,7 +66,7 @@ class RunLogger:
 
 def image_grid(images: Tensor, rows: int, gap: int = 0) -> Tensor:
     """``(B, 3, H, W)`` to one ``(3, rows*H, cols*W)`` grid (row-major), with ``gap`` white pixels between tiles;
-    clips ``(B, F, 3, H, W)`` show their frames side by side each (:func:`flowrl.video.as_stills`)."""
+    clips ``(B, F, 3, H, W)`` show their frames side by side each (:func:`flowrl.utils.video.as_stills`)."""
     images = as_stills(images)
     b, c, h, w = images.shape
     rows = max(1, min(rows, b))
@@ -94,7 +94,7 @@ def save_grid_png(images: Tensor, rows: int, path: Path, scale: int = 4, gap: in
 def save_grid_animation(clips: Tensor, rows: int, path: Path, scale: int = 4, gap: int = 1) -> None:
     """Write clips ``(B, F, 3, H, W)`` as one animated grid (WebP or GIF by ``path``'s suffix): its frame ``f``
     is the grid of every clip's frame ``f``."""
-    from flowrl.video import write_animation
+    from flowrl.utils.video import write_animation
 
     frames = torch.stack([image_grid(clips[:, f], rows, gap) for f in range(clips.shape[1])])
     write_animation(frames, path, scale=scale)

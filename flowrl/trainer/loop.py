@@ -19,8 +19,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from flowrl.recipe import Recipe
-from flowrl.rng import generator
+from flowrl.config.recipe import Recipe
+from flowrl.core.rng import generator
+from flowrl.core.types import Advantages, RewardBatch, Rollout
 from flowrl.trainer.advantage import global_advantages
 from flowrl.trainer.budget import Budget
 from flowrl.trainer.checkpoints.folder import find_checkpoint
@@ -45,7 +46,6 @@ from flowrl.trainer.run_errors import NothingTrainedError, RunInterrupted
 from flowrl.trainer.runfolder import RunFolder
 from flowrl.trainer.stop import StopSignal
 from flowrl.trainer.update import PolicyUpdate
-from flowrl.types import Advantages, RewardBatch, Rollout
 
 
 def _part(name: str) -> Any:

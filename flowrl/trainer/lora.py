@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
-from flowrl.settings import LoraConfig
+from flowrl.config.settings import LoraConfig
 
 
 def add_lora(transformer: nn.Module, config: LoraConfig, default_targets: tuple[str, ...] | None = None) -> None:
@@ -18,7 +18,7 @@ def add_lora(transformer: nn.Module, config: LoraConfig, default_targets: tuple[
     the attention projections every diffusers transformer has)."""
     from peft import LoraConfig as PeftLoraConfig
 
-    from flowrl.interfaces import Backbone
+    from flowrl.core.interfaces import Backbone
 
     if config.init:  # an existing LoRA: its own rank, alpha and layers, its weights (flowrl.backbones.lora.load)
         from flowrl.backbones.lora.load import attach_lora_file

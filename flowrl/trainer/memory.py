@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flowrl.interfaces import RolloutSampler
-from flowrl.recipe import Recipe, RecipeError
-from flowrl.types import Plan, Unit
+from flowrl.config.recipe import Recipe, RecipeError
+from flowrl.core.interfaces import RolloutSampler
+from flowrl.core.types import Plan, Unit
 
 if TYPE_CHECKING:
     from flowrl.trainer.parts import RunParts

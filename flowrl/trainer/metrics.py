@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from flowrl.core.types import Advantages, Plan, RewardBatch, Rollout
 from flowrl.trainer.health import rollout_health
-from flowrl.types import Advantages, Plan, RewardBatch, Rollout
 
 
 def iteration_metrics(

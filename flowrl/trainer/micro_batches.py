@@ -10,8 +10,8 @@ from contextlib import AbstractContextManager
 import torch
 from torch import Tensor
 
-from flowrl.interfaces import Backbone, ForwardProcessLoss, PolicyLoss, TransitionKernel
-from flowrl.types import (
+from flowrl.core.interfaces import Backbone, ForwardProcessLoss, PolicyLoss, TransitionKernel
+from flowrl.core.types import (
     Conditioning,
     ForwardProcessInputs,
     LossInputs,
@@ -53,7 +53,7 @@ def transition_losses(
     One transformer forward per distinct input serves every transition that starts from it.
     ``reference`` is a context manager factory under which the backbone is the reference policy.
     ``advantages`` has one value per rollout; ``node_advantages`` (tree estimators) one per tree node, used
-    for transitions that carry a ``node_index`` (:func:`flowrl.types.transition_advantages`).
+    for transitions that carry a ``node_index`` (:func:`flowrl.core.types.transition_advantages`).
     ``velocity`` (default: the backbone's) gives the policy's velocity with gradients: the recompute-free
     update passes the rollout's retained ones (:mod:`flowrl.trainer.retain`).
     ``old_means`` (for losses that declare ``needs_old_mean``): micro-batch index -> the transitions' means

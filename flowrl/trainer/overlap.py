@@ -4,15 +4,15 @@ A slow reward (a served model, a judge behind HTTP) otherwise leaves the transfo
 ``overlap_chunks = K`` the iteration's prompts are split into K chunks rolled out one after another by the
 recipe's own sampler; as soon as chunk k's images exist, a background thread scores them while chunk k+1 is
 generated. The rollout the loop sees is the chunks joined, and the loop's reward phase asks the sampler for the
-scores already computed (:meth:`flowrl.interfaces.RolloutSampler.precomputed_scores`: the wrapper answers for
+scores already computed (:meth:`flowrl.core.interfaces.RolloutSampler.precomputed_scores`: the wrapper answers for
 exactly the joined images and for nothing else, any other sampler with None).
 
 Which samplers: those declaring their prompts independent of each other
-(:attr:`flowrl.interfaces.RolloutSampler.chunkable`: the ``independent`` sampler and its subclasses unless they
+(:attr:`flowrl.core.interfaces.RolloutSampler.chunkable`: the ``independent`` sampler and its subclasses unless they
 say otherwise), with rollouts of images, no per-method ``extras`` and one group size for all prompts; any other
 sampler, or ``overlap_chunks`` 0 or 1, runs exactly as without this module. Nothing here looks at a sampler's
 class: a new sampler declares ``chunkable`` and needs no change in this module or the loop. Each prompt
-keeps its own random stream (:class:`flowrl.rng.RolloutRNG`), so the chunked rollout draws the same noise;
+keeps its own random stream (:class:`flowrl.core.rng.RolloutRNG`), so the chunked rollout draws the same noise;
 the transformer sees smaller batches, so values can differ from the unchunked run in the last bits.
 """
 
@@ -26,16 +26,16 @@ import attrs
 import torch
 from torch import Tensor
 
-from flowrl.interfaces import RolloutSampler
+from flowrl.core.interfaces import RolloutSampler
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Conditioning, Plan, Rollout, Schedule, Transitions
 from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import score_pictures
-from flowrl.rng import RolloutRNG
-from flowrl.types import Conditioning, Plan, Rollout, Schedule, Transitions
 
 
 def chunkable(sampler: RolloutSampler) -> bool:
     """Whether the sampler's prompts can be rolled out in separate calls (no prompt depends on another): its
-    own declaration, :attr:`flowrl.interfaces.RolloutSampler.chunkable`."""
+    own declaration, :attr:`flowrl.core.interfaces.RolloutSampler.chunkable`."""
     return bool(sampler.chunkable)
 
 

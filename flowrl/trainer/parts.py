@@ -9,9 +9,10 @@ from typing import Any
 import attrs
 import torch
 
-from flowrl.condition_checks import check_reward_conditions
-from flowrl.conditions import check_source
-from flowrl.interfaces import (
+from flowrl.config.condition_checks import check_reward_conditions
+from flowrl.config.recipe import Recipe
+from flowrl.core.conditions import check_source
+from flowrl.core.interfaces import (
     AdvantageEstimator,
     Backbone,
     Loss,
@@ -20,11 +21,10 @@ from flowrl.interfaces import (
     TimestepSelector,
     TransitionKernel,
 )
-from flowrl.recipe import Recipe
+from flowrl.core.types import Schedule
 from flowrl.trainer.overlap import overlapped
 from flowrl.trainer.rewards import RewardPhase
 from flowrl.trainer.trackers import check_trackers
-from flowrl.types import Schedule
 
 
 @attrs.define(frozen=True)

@@ -18,9 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from flowrl.backbones.lora.export import lora_state_dict
-from flowrl.interfaces import Backbone
-from flowrl.lr_schedule import lr_factor
-from flowrl.recipe import Recipe, RecipeError
+from flowrl.config.recipe import Recipe, RecipeError
+from flowrl.core.interfaces import Backbone
 from flowrl.trainer.ema import EMA
 from flowrl.trainer.lagged import LaggedPolicy
 from flowrl.trainer.lora import add_lora
@@ -36,6 +35,7 @@ from flowrl.trainer.sharding import (
     whole,
 )
 from flowrl.trainer.state_io import apply_optim_settings, load_weights_into
+from flowrl.utils.lr_schedule import lr_factor
 
 
 class TrainedPolicy:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from flowrl.recipe import Recipe
+from flowrl.config.recipe import Recipe
 from flowrl.trainer.sharding import check_launch
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from flowrl.interfaces import Backbone
+from flowrl.core.interfaces import Backbone
 from flowrl.trainer.lora import adapters_disabled
 
 

@@ -1,10 +1,10 @@
-"""The recompute-free update (``trainer.update = "retain"``, :mod:`flowrl.update_modes`): the rollout's
+"""The recompute-free update (``trainer.update = "retain"``, :mod:`flowrl.config.update_modes`): the rollout's
 forwards at trained inputs keep their autograd graphs, and the update finds each trained input's velocity
 among them instead of running the transformer again.
 
 No sampler takes part: while the rollout runs, :meth:`RetainedVelocities.recording` stands in for the
 backbone's ``velocity``. A call at a trained unit's noise level (outside the reference policy and outside
-:func:`flowrl.samplers.untrained.untrained_forwards`) runs with gradients on a detached input and is kept; the
+:func:`flowrl.parts.samplers.untrained.untrained_forwards`) runs with gradients on a detached input and is kept; the
 sampler gets the velocity detached, so nothing it computes carries a graph. At update time a trained input
 is matched to a kept row by its exact contents (latent, noise level and conditioning, compared bit for bit);
 an input that matches nothing is computed again, so a sampler the mechanism does not know costs time, never
@@ -28,12 +28,12 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from flowrl.interfaces import Backbone
-from flowrl.recipe import Recipe, RecipeError
-from flowrl.samplers.untrained import forwards_untrained
+from flowrl.config.recipe import Recipe, RecipeError
+from flowrl.config.update_modes import resolve_update
+from flowrl.core.interfaces import Backbone
+from flowrl.core.types import Conditioning, Plan, Schedule
+from flowrl.parts.samplers.untrained import forwards_untrained
 from flowrl.trainer.memory import available_bytes
-from flowrl.types import Conditioning, Plan, Schedule
-from flowrl.update_modes import resolve_update
 
 
 def fingerprints(t: Tensor) -> Tensor:

@@ -9,19 +9,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowrl.errors import part_failure
-from flowrl.interfaces import RewardError, RolloutSampler
-from flowrl.recipe import Recipe
+from flowrl.config.recipe import Recipe
+from flowrl.core.errors import part_failure
+from flowrl.core.interfaces import RewardError, RolloutSampler
+from flowrl.core.types import RewardBatch, Rollout
 from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import score_pictures
-from flowrl.types import RewardBatch, Rollout
 
 Precomputed = Callable[[str, Tensor], "Tensor | None"]  # (reward name, images) -> scores already computed, or None
 
 
 class RewardPhase:
     """The run's rewards (:func:`reward_models`) and the scoring of each iteration's rollout. Scores the sampler
-    declares it computed already (:meth:`flowrl.interfaces.RolloutSampler.precomputed_scores`: an overlapped
+    declares it computed already (:meth:`flowrl.core.interfaces.RolloutSampler.precomputed_scores`: an overlapped
     rollout's) are taken as they are; nothing here asks what kind of sampler it is."""
 
     def __init__(self, recipe: Recipe) -> None:

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flowrl.recipe import Recipe
-from flowrl.rng import RolloutRNG, generator
-from flowrl.selectors import observed_plan
+from flowrl.config.recipe import Recipe
+from flowrl.core.rng import RolloutRNG, generator
+from flowrl.core.types import Plan, Rollout
+from flowrl.parts.selectors import observed_plan
 from flowrl.trainer.lagged import samples_from_lagged
 from flowrl.trainer.memory import RolloutFits
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.retain import Retention
-from flowrl.types import Plan, Rollout
 
 if TYPE_CHECKING:
     from flowrl.trainer.parts import RunParts
@@ -39,7 +39,7 @@ class RolloutPhase:
 
     def __call__(self, prompts: list[str], step: int, first_row: int) -> tuple[Plan, Rollout]:
         """The plan and the rollout of iteration ``step``; ``first_row`` is the global index of the first prompt
-        (each prompt draws its noise from its own stream, :class:`flowrl.rng.RolloutRNG`)."""
+        (each prompt draws its noise from its own stream, :class:`flowrl.core.rng.RolloutRNG`)."""
         seed, backbone = self.recipe.seed, self.policy.backbone
         backbone.module.eval()
         with torch.no_grad(), self.policy.inference(reference=self.probes_reference):

@@ -3,7 +3,7 @@ and the interruption that makes ``flowrl train`` exit 130, 143 or 129."""
 
 from __future__ import annotations
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 __all__ = [
     "BestMetricError",

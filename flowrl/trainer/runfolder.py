@@ -20,10 +20,10 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm
 
-from flowrl.jsonl import read_rows
 from flowrl.trainer.checkpoints.folder import list_checkpoints
 from flowrl.trainer.run_errors import RunFolderError
 from flowrl.trainer.writes import check_writable, refused_writes
+from flowrl.utils.jsonl import read_rows
 
 LOCK = ".lock"
 

@@ -73,7 +73,7 @@ def shard_group(hybrid: bool, world: int, node: int | None = None) -> int:
     if node is None:
         import os
 
-        from flowrl.cluster import process_rank
+        from flowrl.utils.cluster import process_rank
 
         process_rank(os.environ)  # the launch's variables checked together: one line naming a malformed one
         node = int(os.environ.get("LOCAL_WORLD_SIZE", world))

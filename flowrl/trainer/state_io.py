@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 from flowrl.trainer.sharding import copy_full_into
 
 

@@ -102,7 +102,7 @@ def update_line(recipe: Any, trained: list[dict[str, Any]]) -> str:
     """What ``trainer.update`` did: retain (with the largest graphs it kept) or recompute, and why under auto.
     Iterations that kept graphs log ``update/retained_mb``; under auto a run whose graphs outgrew the memory
     stops logging it and recomputes from then on."""
-    from flowrl.update_modes import retain_conflicts
+    from flowrl.config.update_modes import retain_conflicts
 
     asked = recipe.trainer.update
     kept = [r for r in trained if "update/retained_mb" in r]

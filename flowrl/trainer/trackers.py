@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 TRACKERS = ("tensorboard", "wandb", "swanlab")
 EXTRAS = {"wandb": "wandb", "swanlab": "swanlab"}  # tracker -> (module, pyproject extra of the same name)

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from flowrl.interfaces import ForwardProcessLoss, PolicyLoss
-from flowrl.recipe import Recipe
-from flowrl.rng import generator
+from flowrl.config.recipe import Recipe
+from flowrl.core.interfaces import ForwardProcessLoss, PolicyLoss
+from flowrl.core.rng import generator
+from flowrl.core.types import Advantages, RewardBatch, Rollout, Schedule
 from flowrl.trainer.micro_batches import StatsMean, forward_process_losses, transition_losses
 from flowrl.trainer.policy import TrainedPolicy
 from flowrl.trainer.retain import RetainedVelocities
 from flowrl.trainer.run_errors import NonFiniteError
-from flowrl.types import Advantages, RewardBatch, Rollout, Schedule
 
 
 class PolicyUpdate:

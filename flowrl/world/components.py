@@ -14,9 +14,9 @@ from torch import Tensor
 
 from flowrl.backbones.common.settings import DType
 from flowrl.backbones.flux.adapter import FluxFromPretrained
-from flowrl.choices import one_of
-from flowrl.interfaces import PromptSource, RewardModel
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.interfaces import PromptSource, RewardModel
+from flowrl.core.registry import register
 from flowrl.world.grammar import KINDS, EvalSplit, Scene, balanced_scenes, enumerate_scenes, parse
 from flowrl.world.verify import score_batch, verify_batch
 

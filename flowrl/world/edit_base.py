@@ -10,7 +10,7 @@ embedding. A batch without conditions (plain text prompts) runs exactly the text
 
 Preparation rule: the source must be RGB; an image of the base's resolution is taken as it is, any other is
 scaled so its short side is the resolution (bicubic) and centre-cropped
-(:func:`~flowrl.conditions.fit_square`). The sequence holds twice the image tokens of the text-to-image base
+(:func:`~flowrl.core.conditions.fit_square`). The sequence holds twice the image tokens of the text-to-image base
 (32 instead of 16 at 32 px, plus the text's 16).
 """
 
@@ -26,10 +26,10 @@ from torch import Tensor
 
 from flowrl.backbones.common.settings import DType
 from flowrl.backbones.flux.adapter import pack_pixels
-from flowrl.choices import one_of
-from flowrl.conditions import ConditionSpec, conditions_of, fit_square
-from flowrl.registry import register
-from flowrl.types import Conditioning
+from flowrl.core.choices import one_of
+from flowrl.core.conditions import ConditionSpec, conditions_of, fit_square
+from flowrl.core.registry import register
+from flowrl.core.types import Conditioning
 from flowrl.world.components import WorldTiny
 
 EDIT_MODEL = Path(__file__).with_name("base_model_edit")

@@ -12,10 +12,10 @@ import torch
 from attrs.validators import deep_iterable, gt, in_
 from torch import Tensor
 
-from flowrl.choices import one_of
-from flowrl.conditions import Condition, Prompt, conditions_of
-from flowrl.interfaces import PromptSource, RewardModel
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.conditions import Condition, Prompt, conditions_of
+from flowrl.core.interfaces import PromptSource, RewardModel
+from flowrl.core.registry import register
 from flowrl.world.components import _mean_se
 from flowrl.world.edit import EDIT_KINDS, Edit, balanced_edits, enumerate_edits, parse_instruction
 from flowrl.world.edit_render import render_edit

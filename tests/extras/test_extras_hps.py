@@ -17,7 +17,7 @@ import torch
 from conftest import SCORE_TOL
 from PIL import Image
 
-from flowrl.registry import build
+from flowrl.core.registry import build
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.hps import ensure_vocab
 from flowrl.rewards.preprocess import ImagePreprocess

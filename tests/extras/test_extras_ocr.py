@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from flowrl.registry import build
+from flowrl.core.registry import build
 
 
 def rendered(text: str) -> torch.Tensor:

@@ -20,7 +20,7 @@ from conftest import SCORE_TOL
 from PIL import Image
 from safetensors.torch import save_file
 
-from flowrl.registry import build
+from flowrl.core.registry import build
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = ROOT / ".venv" / "bin" / "python"

@@ -21,7 +21,7 @@ import sys  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import tiny_recipe  # noqa: E402
 
-from flowrl.recipe import recipe_from_dict  # noqa: E402
+from flowrl.config.recipe import recipe_from_dict  # noqa: E402
 from flowrl.trainer.loop import Trainer  # noqa: E402
 from flowrl.trainer.runfolder import read_metrics  # noqa: E402
 from flowrl.trainer.trackers import IDS_FILE  # noqa: E402

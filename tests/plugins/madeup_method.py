@@ -13,8 +13,8 @@ from typing import Any
 import attrs
 
 from flowrl import AdvantageEstimator, Advantages, PerRollout, RewardBatch, Rollout
-from flowrl.advantages import GroupNorm
-from flowrl.samplers.independent import IndependentSampler
+from flowrl.parts.advantages import GroupNorm
+from flowrl.parts.samplers.independent import IndependentSampler
 
 FIELD = "brightness"
 

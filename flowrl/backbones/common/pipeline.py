@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from flowrl.backbones.common.prompt_cache import cached_encodings
 from flowrl.backbones.common.vocabulary import UnknownWords
-from flowrl.interfaces import Backbone
+from flowrl.core.interfaces import Backbone
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import attrs
 from attrs.validators import ge, gt
 
-from flowrl.choices import one_of
+from flowrl.core.choices import one_of
 
 Keys = Literal["all", "text"]
 

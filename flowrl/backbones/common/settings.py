@@ -1,4 +1,4 @@
-"""The settings every base declares alike, each written once as the allowed values (:mod:`flowrl.choices`)."""
+"""The settings every base declares alike, each written once as the allowed values (:mod:`flowrl.core.choices`)."""
 
 from __future__ import annotations
 

@@ -26,9 +26,9 @@ from torch import Tensor
 from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.backbones.common.settings import DType
-from flowrl.choices import one_of
-from flowrl.registry import register
-from flowrl.types import Conditioning
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
+from flowrl.core.types import Conditioning
 
 
 class FluxAdapter(PipelineAdapter):

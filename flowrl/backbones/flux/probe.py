@@ -9,7 +9,7 @@ their entropy ``H = -sum_k p_k log p_k``.
 The processor mirrors ``FluxAttnProcessor.__call__`` of diffusers 0.42 and uses two private helpers
 (``_get_qkv_projections``, ``apply_rotary_emb``); ``tests/test_attention_probe.py`` pins them.
 Only :class:`~flowrl.backbones.flux.adapter.FluxAdapter` calls into this module (the probe never imports its
-adapter); algorithms see the capability ``flowrl.interfaces.AttentionEntropyProbe``.
+adapter); algorithms see the capability ``flowrl.core.interfaces.AttentionEntropyProbe``.
 """
 
 from __future__ import annotations

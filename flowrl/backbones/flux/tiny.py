@@ -25,8 +25,8 @@ from flowrl.backbones.common.settings import DType
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
 from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.flux.adapter import FluxAdapter
-from flowrl.choices import one_of
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
 
 # Offsets added to ``seed * 1000`` so each module draws its own random stream.
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "vae": 3}

@@ -43,9 +43,9 @@ from torch import Tensor
 from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.backbones.common.settings import DType, SigmaGrid
-from flowrl.choices import one_of
-from flowrl.registry import register
-from flowrl.types import Conditioning
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
+from flowrl.core.types import Conditioning
 
 PIPELINES = ("Flux2Pipeline", "Flux2KleinPipeline")
 # diffusers' dreambooth FLUX.2 LoRA list (train_dreambooth_lora_flux2.py): the double blocks' attention

@@ -36,8 +36,8 @@ from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import kl_vae_settings, save_pipeline, seeded_modules
 from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.flux2.adapter import BASE_TARGETS, Flux2Adapter, single_block_outputs
-from flowrl.choices import one_of
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
 # the hidden-state layers each pipeline class stacks by default (its __call__'s text_encoder_out_layers)

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from flowrl.errors import UserError
+from flowrl.core.errors import UserError
 
 DIFFUSERS_FILE = "pytorch_lora_weights.safetensors"  # diffusers' save_lora_weights / save_lora_adapter
 PEFT_FILE, PEFT_CONFIG = "adapter_model.safetensors", "adapter_config.json"  # peft's save_pretrained

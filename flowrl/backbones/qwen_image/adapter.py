@@ -49,9 +49,9 @@ from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_
 from flowrl.backbones.common.probe import EntropyRecorder
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.backbones.common.settings import DType, SigmaGrid
-from flowrl.choices import one_of
-from flowrl.registry import register
-from flowrl.types import Conditioning
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
+from flowrl.core.types import Conditioning
 
 MAX_TEXT_TOKENS = 1024  # QwenImagePipeline refuses a longer max_sequence_length
 # verl-omni / verl FlowGRPO on Qwen-Image (examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh):

@@ -30,8 +30,8 @@ from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
 from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.qwen_image.adapter import QwenImageAdapter, config_problems
-from flowrl.choices import one_of
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
 # Qwen/Qwen-Image's scheduler/scheduler_config.json (the values that differ from the class defaults)

@@ -20,9 +20,9 @@ from torch import Tensor
 
 from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
 from flowrl.backbones.common.settings import DType, SigmaGrid
-from flowrl.choices import one_of
-from flowrl.registry import register
-from flowrl.types import Conditioning
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
+from flowrl.core.types import Conditioning
 
 
 class SD3Adapter(PipelineAdapter):

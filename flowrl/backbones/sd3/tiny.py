@@ -26,8 +26,8 @@ from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
 from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.sd3.adapter import SD3Adapter
-from flowrl.choices import one_of
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "text_encoder_2": 2, "text_encoder_3": 3, "vae": 4}
 

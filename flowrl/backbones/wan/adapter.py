@@ -37,9 +37,9 @@ from torch import Tensor
 from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.backbones.common.settings import DType, SigmaGrid
-from flowrl.choices import one_of
-from flowrl.registry import register
-from flowrl.types import Conditioning
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
+from flowrl.core.types import Conditioning
 
 TEMPORAL = 4  # the temporal factor of every Wan VAE (2.1 and 2.2)
 # Wan's published LoRA targets: Flow-GRPO's train_wan2_1.py lists these plus add_{k,q,v}_proj / to_add_out,

@@ -26,8 +26,8 @@ from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, t5_settings
 from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.wan.adapter import TEMPORAL, WanAdapter, frame_problems
-from flowrl.choices import one_of
-from flowrl.registry import register
+from flowrl.core.choices import one_of
+from flowrl.core.registry import register
 
 _SEED_OFFSETS = {"transformer": 0, "text_encoder": 1, "vae": 2}
 SPATIAL = 4  # the tiny VAE's spatial factor (two halvings)

@@ -228,7 +228,7 @@ def exported_refusal(folder: Path) -> str:
 
 def load_checkpoint(folder: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Any]]:
     """(weights, state, extra) of a checkpoint folder; :class:`CheckpointError` when unreadable (or when it is a
-    folder written by ``flowrl export``, which :func:`flowrl.loading.load_policy` reads instead)."""
+    folder written by ``flowrl export``, which :func:`flowrl.export.loading.load_policy` reads instead)."""
     from flowrl.export.manifest import is_exported
 
     folder = Path(folder)

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from flowrl.errors import PartError
-from flowrl.interfaces import Component
+from flowrl.core.errors import PartError
+from flowrl.core.interfaces import Component
 from flowrl.rewards.http import RewardServerUnavailable
 from flowrl.trainer.checkpoints.folder import rng_state, set_rng_state
 

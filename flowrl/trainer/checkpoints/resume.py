@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.backbones.lora.export import LORA_FOLDER
-from flowrl.recipe import Recipe, RecipeError, recipe_from_dict
+from flowrl.config.recipe import Recipe, RecipeError, recipe_from_dict
 from flowrl.trainer.lora import own_lora
 from flowrl.trainer.state_io import CheckpointError
 from flowrl.trainer.state_io import apply_optim_settings as apply_optim_settings  # its import path before state_io

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.backbones.lora.export import LORA_FOLDER, export_lora
-from flowrl.interfaces import Component
-from flowrl.recipe import Recipe
+from flowrl.config.recipe import Recipe
+from flowrl.core.interfaces import Component
 from flowrl.trainer.checkpoints.folder import (
     BEST,
     CheckpointError,

@@ -15,19 +15,19 @@ import torch
 from torch import Tensor
 
 from flowrl import Backbone, Conditioning, Schedule, UserError
-from flowrl.interfaces import AttentionEntropyProbe
-from flowrl.samplers.solvers import euler_step
-from flowrl.samplers.untrained import untrained_forwards
+from flowrl.core.interfaces import AttentionEntropyProbe
+from flowrl.parts.samplers.solvers import euler_step
+from flowrl.parts.samplers.untrained import untrained_forwards
 
 
 def velocity_and_entropy(
     backbone: Backbone, x: Tensor, s: Tensor, cond: Conditioning, options: Any
 ) -> tuple[Tensor, Tensor]:
     """Velocity and attention entropy ``(B,)`` at one step: one probed forward of a backbone that offers
-    the capability (:class:`flowrl.interfaces.AttentionEntropyProbe`)."""
+    the capability (:class:`flowrl.core.interfaces.AttentionEntropyProbe`)."""
     if not isinstance(backbone, AttentionEntropyProbe):
-        from flowrl.recipe import offers
-        from flowrl.registry import registry
+        from flowrl.config.recipe import offers
+        from flowrl.core.registry import registry
 
         able = ", ".join(name for name, cls in registry("backbone").items() if offers(cls, AttentionEntropyProbe))
         raise UserError(

@@ -10,12 +10,12 @@ from attrs.validators import ge, gt, optional
 
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, build, register, registry
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
-from flowrl.choices import one_of
-from flowrl.config import ConfigError, structure, unstructure
-from flowrl.contracts import Need, provided, required
-from flowrl.interfaces import AttentionEntropyProbe
-from flowrl.registry import RegistryError
-from flowrl.rng import RolloutRNG
+from flowrl.core.choices import one_of
+from flowrl.core.contracts import Need, provided, required
+from flowrl.core.convert import ConfigError, structure, unstructure
+from flowrl.core.interfaces import AttentionEntropyProbe
+from flowrl.core.registry import RegistryError
+from flowrl.core.rng import RolloutRNG
 from flowrl_zoo.aegpo.allocation import delta_entropy, group_sizes
 from flowrl_zoo.aegpo.probe import entropy_curves
 from flowrl_zoo.aegpo.selector import PROBE_INFO

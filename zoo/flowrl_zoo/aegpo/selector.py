@@ -10,10 +10,10 @@ from attrs.validators import ge
 
 from flowrl import Backbone, Plan, Schedule, TimestepSelector, Unit, register
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
-from flowrl.choices import one_of
-from flowrl.entropy import jump_std, merged_entropy
-from flowrl.interfaces import AttentionEntropyProbe
-from flowrl.selectors import merged_if
+from flowrl.core.choices import one_of
+from flowrl.core.interfaces import AttentionEntropyProbe
+from flowrl.parts.entropy import jump_std, merged_entropy
+from flowrl.parts.selectors import merged_if
 from flowrl_zoo.aegpo.probe import entropy_curves
 
 Mode = Literal["topk", "peaks"]

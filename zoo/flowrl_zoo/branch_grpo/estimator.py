@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from flowrl import AdvantageEstimator, Advantages, RewardBatch, Rollout, register
-from flowrl.advantages import group_normalize
-from flowrl.contracts import needs
+from flowrl.core.contracts import needs
+from flowrl.parts.advantages import group_normalize
 from flowrl_zoo.branch_grpo.tree import TREE, Tree
 
 

@@ -14,10 +14,10 @@ import torch
 from attrs.validators import ge, gt
 
 from flowrl import Backbone, Plan, Rollout, RolloutSampler, Schedule, Transitions, register
-from flowrl.contracts import needs, refuses
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.solvers import euler_step
-from flowrl.samplers.walk import empty_transitions
+from flowrl.core.contracts import needs, refuses
+from flowrl.core.rng import RolloutRNG
+from flowrl.parts.samplers.solvers import euler_step
+from flowrl.parts.samplers.walk import empty_transitions
 from flowrl_zoo.branch_grpo.tree import TREE, Tree
 
 

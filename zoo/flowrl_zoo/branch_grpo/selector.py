@@ -8,7 +8,7 @@ import attrs
 import torch
 
 from flowrl import Plan, Schedule, TimestepSelector, Unit, register
-from flowrl.selectors import units_within
+from flowrl.parts.selectors import units_within
 
 
 def _ints(value: Any) -> tuple[int, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 from torch import Tensor
 
-from flowrl.extras import Extra, Gather, unique_ids
+from flowrl.core.extras import Extra, Gather, unique_ids
 
 TREE = "tree"  # its name in Rollout.extras
 

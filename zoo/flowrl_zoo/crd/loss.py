@@ -9,8 +9,8 @@ from attrs.validators import ge, gt, le
 from torch import Tensor
 
 from flowrl import register
-from flowrl.interfaces import ForwardProcessLoss
-from flowrl.types import ForwardProcessInputs
+from flowrl.core.interfaces import ForwardProcessLoss
+from flowrl.core.types import ForwardProcessInputs
 from flowrl_zoo.diffusion_nft.loss import adaptive_x0_loss
 
 

@@ -10,9 +10,9 @@ from attrs.validators import ge, gt, le
 from torch import Tensor
 
 from flowrl import register
-from flowrl.choices import one_of
-from flowrl.interfaces import ForwardProcessLoss
-from flowrl.types import ForwardProcessInputs
+from flowrl.core.choices import one_of
+from flowrl.core.interfaces import ForwardProcessLoss
+from flowrl.core.types import ForwardProcessInputs
 
 OldPolicy = Literal["rollout", "lagged"]
 SamplerPolicy = Literal["policy", "old"]

@@ -11,10 +11,10 @@ from attrs.validators import ge, in_
 from torch import Tensor
 
 from flowrl import AdvantageEstimator, Advantages, RewardBatch, Rollout, register
-from flowrl.advantages import group_normalize
-from flowrl.choices import one_of
-from flowrl.contracts import needs
-from flowrl.extras import PerRollout, RolloutIds
+from flowrl.core.choices import one_of
+from flowrl.core.contracts import needs
+from flowrl.core.extras import PerRollout, RolloutIds
+from flowrl.parts.advantages import group_normalize
 
 Combine = Literal["sum", "mean"]  # over the K granularities
 GRANULARITY = "granularity"  # Rollout.extras: (R,) long, which tail grid finished each image (0 .. K-1)
@@ -42,7 +42,7 @@ def multi_granular(
 
     Image ``i`` finishes jump ``branch[i]`` with the tail of granularity ``level[i]``; ``(g, k)`` is the set of
     images of one (prompt, unit) group ``group[i]`` finished at one granularity: the G jumps of that unit, each
-    seen once. Each such set is normalised on its own (:func:`flowrl.advantages.group_normalize`, a constant set
+    seen once. Each such set is normalised on its own (:func:`flowrl.parts.advantages.group_normalize`, a constant set
     gives exact zeros), then a jump's K normalised values are summed, and every image of the jump carries the sum.
     Every jump must have exactly one image per granularity.
     """

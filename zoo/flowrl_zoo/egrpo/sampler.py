@@ -7,13 +7,13 @@ import torch
 from torch import Tensor
 
 from flowrl import Backbone, Plan, Rollout, Schedule, register
-from flowrl.contracts import needs
-from flowrl.extras import PerRollout, RolloutIds
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.anchor_branch import AnchorBranchSampler
-from flowrl.samplers.solvers import euler
-from flowrl.samplers.untrained import untrained_forwards
-from flowrl.types import Conditioning
+from flowrl.core.contracts import needs
+from flowrl.core.extras import PerRollout, RolloutIds
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Conditioning
+from flowrl.parts.samplers.anchor_branch import AnchorBranchSampler
+from flowrl.parts.samplers.solvers import euler
+from flowrl.parts.samplers.untrained import untrained_forwards
 from flowrl_zoo.egrpo.advantage import BRANCH, GRANULARITY
 
 

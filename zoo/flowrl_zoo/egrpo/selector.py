@@ -9,8 +9,8 @@ import torch
 from attrs.validators import ge, gt, le
 
 from flowrl import Plan, Schedule, TimestepSelector, Unit, register
-from flowrl.entropy import merged_entropy
-from flowrl.selectors import merged_if, units_field, units_within
+from flowrl.parts.entropy import merged_entropy
+from flowrl.parts.selectors import merged_if, units_field, units_within
 
 
 def greedy_units(schedule: Schedule, tau: float, end_by: int, max_merge: int) -> list[tuple[int, int]]:

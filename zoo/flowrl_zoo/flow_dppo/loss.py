@@ -9,13 +9,13 @@ from attrs.validators import ge, gt
 from torch import Tensor
 
 from flowrl import register
-from flowrl.losses import PPOClip, gaussian_mean_kl
-from flowrl.types import LossInputs
+from flowrl.core.types import LossInputs
+from flowrl.parts.losses import PPOClip, gaussian_mean_kl
 
 
 def mean_kl(mean: Tensor, old_mean: Tensor, std: Tensor) -> Tensor:
     """Per-transition ``KL(old || new)`` of two Gaussians with one std, divided by the dimension:
-    ``mean_dims (mean - old_mean)^2 / (2 std^2)`` (:func:`flowrl.losses.gaussian_mean_kl`), a constant here."""
+    ``mean_dims (mean - old_mean)^2 / (2 std^2)`` (:func:`flowrl.parts.losses.gaussian_mean_kl`), a constant here."""
     return gaussian_mean_kl(mean.detach(), old_mean, std.detach())
 
 

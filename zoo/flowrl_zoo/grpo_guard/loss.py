@@ -9,13 +9,14 @@ import torch
 from torch import Tensor
 
 from flowrl import register
-from flowrl.losses import PPOClip, gaussian_mean_kl
-from flowrl.types import LossInputs
+from flowrl.core.types import LossInputs
+from flowrl.parts.losses import PPOClip, gaussian_mean_kl
 
 
 def normalised_log_ratio(log_ratio: Tensor, mean: Tensor, old_mean: Tensor, std: Tensor) -> Tensor:
     """``s (logp - logp_old + KL)`` with ``s`` the transition's std and ``KL = mean_dims (mean - old_mean)^2 / (2
-    s^2)`` (:func:`flowrl.losses.gaussian_mean_kl`, gradient through ``mean``): ``s log r + mean_dims d^2 / (2 s)``.
+    s^2)`` (:func:`flowrl.parts.losses.gaussian_mean_kl`, gradient through ``mean``):
+    ``s log r + mean_dims d^2 / (2 s)``.
 
     For ``x' = old_mean + s eps`` the raw log-ratio is ``<eps, d> / s - mean_dims(d^2) / (2 s^2)`` (``d = mean -
     old_mean``, ``<.,.>`` the mean over dimensions): its second term shifts it below 0 by an amount that grows

@@ -9,10 +9,10 @@ from attrs.validators import ge
 from torch import Tensor
 
 from flowrl import Backbone, Plan, Schedule, register
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.independent import IndependentSampler
-from flowrl.samplers.walk import TrajectoryRecorder, solver_tail, walk
-from flowrl.types import Conditioning
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Conditioning
+from flowrl.parts.samplers.independent import IndependentSampler
+from flowrl.parts.samplers.walk import TrajectoryRecorder, solver_tail, walk
 
 
 def window_end(plan: Plan) -> int:
@@ -29,7 +29,7 @@ class MixGRPOFlashSampler(IndependentSampler):
 
     Steps before and inside the window follow the full grid (Euler ODE and the kernel's SDE). The tail
     grid is every ``k``-th point of the sampler's own grid from the window end to ``s = 0`` (see
-    :func:`flowrl.samplers.solvers.coarse_grid`); one transformer evaluation per tail interval, so a rollout
+    :func:`flowrl.parts.samplers.solvers.coarse_grid`); one transformer evaluation per tail interval, so a rollout
     costs ``window_end + tail intervals`` evaluations. ``tail_steps = 0`` keeps the full grid.
     """
 

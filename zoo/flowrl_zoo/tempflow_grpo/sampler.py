@@ -7,9 +7,9 @@ import torch
 from attrs.validators import ge
 
 from flowrl import Backbone, Plan, Rollout, Schedule, register
-from flowrl.contracts import refuses
-from flowrl.rng import RolloutRNG
-from flowrl.samplers.anchor_branch import AnchorBranchSampler
+from flowrl.core.contracts import refuses
+from flowrl.core.rng import RolloutRNG
+from flowrl.parts.samplers.anchor_branch import AnchorBranchSampler
 
 
 def step_std(schedule: Schedule, steps: list[int]) -> torch.Tensor:
