@@ -39,12 +39,12 @@ from flowrl.core.types import (
     Transitions,
     Unit,
 )
+from flowrl.core.version import __version__ as __version__
 from flowrl.suites import interface as _suite_interface  # noqa: F401  (gives the 'suite' kind its interface)
 from flowrl.utils import quiet
 
 quiet.install()  # transformers' torchvision fallback warning: nothing a flowrl user can act on (flowrl.utils.quiet)
 
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:

@@ -24,6 +24,7 @@ _GROUPS = {
 }
 MOVED = {f"flowrl.{name}": f"flowrl.{group}.{name}" for group, names in _GROUPS.items() for name in names}
 MOVED["flowrl.components"] = "flowrl.register_builtins"  # its name before it was renamed
+MOVED["flowrl.export.manifest"] = "flowrl.trainer.checkpoints.manifest"  # a checkpoint folder's kin, read by both
 # ``flowrl.config`` is now the recipes' package; the settings converter it was re-exports its names from there
 
 

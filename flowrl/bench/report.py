@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from flowrl.bench.bench_errors import BenchError
 from flowrl.bench.compare import AXES, SIGNIFICANCE, has_axis, pairwise, reach_levels, reach_ratios
 from flowrl.bench.curve import mean_curve, stats, x_to_reach
-from flowrl.bench.bench_errors import BenchError
 from flowrl.utils.finite import finite_number
 
 DEFAULT_METRIC = "eval/strict"  # strict accuracy: the figure the summary, the suites and docs/world.md report

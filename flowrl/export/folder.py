@@ -7,8 +7,8 @@ holds files is refused, never overwritten.
 What the card's code needs is in the folder or named by a hub id: a base given as a local folder is copied into
 ``base/`` (another machine has no such folder), a base named by a hub id (or a folder of the hub cache) is
 named by its id, and flowrl's own models (the embedded world's, the ``tiny_*`` twins) need only flowrl.
-``flowrl_export.json`` (:mod:`~flowrl.export.manifest`) lets flowrl load the folder again, and no file keeps a
-path of this machine (:mod:`~flowrl.export.scrub`).
+``flowrl_export.json`` (:mod:`~flowrl.trainer.checkpoints.manifest`) lets flowrl load the folder again, and no file
+keeps a path of this machine (:mod:`~flowrl.export.scrub`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import attrs
 from flowrl.core.errors import UserError
 from flowrl.export.card import CardFacts, Figure, model_card
 from flowrl.export.conditions import source_files, takes
-from flowrl.export.manifest import BASE_FOLDER, Manifest, is_exported
 from flowrl.export.scrub import hub_id_of_cache_folder, leaks, machine_paths, portable_recipe, scrub_configs
+from flowrl.trainer.checkpoints.manifest import BASE_FOLDER, Manifest, is_exported
 from flowrl.trainer.runfolder import read_metrics
 
 SAMPLE_PROMPTS = 4  # grid rows when no --prompt is given: the first held-out prompts

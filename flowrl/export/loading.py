@@ -17,9 +17,9 @@ from flowrl.core.conditions import check_source
 from flowrl.core.interfaces import Backbone, PromptSource
 from flowrl.core.types import Schedule
 from flowrl.evaluation.evaluate import evaluate, ode_images
-from flowrl.export.manifest import exported_overrides, read_manifest, transformer_weights
 from flowrl.rewards.built import BuiltReward
 from flowrl.trainer.checkpoints.folder import CheckpointError, find_checkpoint, load_checkpoint, load_weights_into
+from flowrl.trainer.checkpoints.manifest import exported_overrides, read_manifest, transformer_weights
 from flowrl.trainer.lora import add_lora, own_lora
 from flowrl.trainer.rewards import reward_models
 

@@ -59,7 +59,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def weights_hash(source: Path, lora: str = "") -> str:
     """sha256 of a checkpoint's weights file (an export folder's weight files), or of a recipe file (an initial
     policy: the base's own weights) and, for a LoRA trained elsewhere, of its weight files too."""
-    from flowrl.export.manifest import weight_files  # a checkpoint's weights file, or an export folder's
+    from flowrl.trainer.checkpoints.manifest import weight_files  # a checkpoint's weights file, or an export folder's
 
     files = [source] if source.suffix == ".toml" else weight_files(source)
     if lora:

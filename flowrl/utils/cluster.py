@@ -293,11 +293,11 @@ def node_facts(cluster: Cluster, command: Sequence[str]) -> dict[str, object]:
 
     import torch
 
-    import flowrl
+    from flowrl.core.version import __version__
 
     return {"node_rank": cluster.node_rank, "host": socket.gethostname(), "nnodes": cluster.nnodes,
             "nproc_per_node": cluster.nproc_per_node, "master_port": cluster.master_port,
-            "command": shlex.join(command), "flowrl": flowrl.__version__, "torch": torch.__version__,
+            "command": shlex.join(command), "flowrl": __version__, "torch": torch.__version__,
             "device": "cuda" if torch.cuda.is_available() else "cpu", "source": dict(cluster.source)}
 
 

@@ -178,7 +178,7 @@ def find_checkpoint(path: Path, which: str = "last", exported: bool = True) -> P
     """A checkpoint folder as given, or one of a run folder: ``which`` is ``"last"`` (the newest),
     ``"best"`` (``checkpoints/best``) or a step number. A folder written by ``flowrl export`` is returned as
     given, as a checkpoint folder is (``exported=False``, for a resume: refused, as it has no trainer state)."""
-    from flowrl.export.manifest import read_manifest
+    from flowrl.trainer.checkpoints.manifest import read_manifest
 
     path = Path(path)
     if not path.exists():
@@ -229,7 +229,7 @@ def exported_refusal(folder: Path) -> str:
 def load_checkpoint(folder: Path) -> tuple[dict[str, Tensor], dict[str, Any], dict[str, Any]]:
     """(weights, state, extra) of a checkpoint folder; :class:`CheckpointError` when unreadable (or when it is a
     folder written by ``flowrl export``, which :func:`flowrl.export.loading.load_policy` reads instead)."""
-    from flowrl.export.manifest import is_exported
+    from flowrl.trainer.checkpoints.manifest import is_exported
 
     folder = Path(folder)
     if is_exported(folder):
