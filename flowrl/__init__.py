@@ -8,7 +8,7 @@ the batch types. The packages: :mod:`flowrl.core` (the contracts), :mod:`flowrl.
 still import (:mod:`flowrl._moved`).
 """
 
-from flowrl import _moved  # noqa: F401  (first: its finder answers the old module paths; a plugin may name one)
+from flowrl import _moved  # (first: its finder answers the old module paths; a plugin may name one)
 from flowrl.config.recipe import Recipe, RecipeError, load_recipe
 from flowrl.core.errors import UserError
 from flowrl.core.extras import Extra, PerRollout, RolloutIds
@@ -43,6 +43,7 @@ from flowrl.core.version import __version__ as __version__
 from flowrl.suites import interface as _suite_interface  # noqa: F401  (gives the 'suite' kind its interface)
 from flowrl.utils import quiet
 
+_moved.keep_exports(globals())  # `import flowrl.registry` must leave the function flowrl.registry as it is
 quiet.install()  # transformers' torchvision fallback warning: nothing a flowrl user can act on (flowrl.utils.quiet)
 
 

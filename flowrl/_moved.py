@@ -64,6 +64,16 @@ def install() -> None:
 install()  # importing flowrl imports this module first
 
 
+def keep_exports(package: dict[str, Any]) -> None:
+    """Where an old module path's last name is also one of ``flowrl``'s exports (``flowrl.registry`` the module,
+    ``flowrl.registry`` the function), enter the module under the old path now: importing it later would bind the
+    module over the export (the import system sets a new submodule as an attribute of its parent)."""
+    for old, new in MOVED.items():
+        name = old.removeprefix("flowrl.")
+        if "." not in name and name in package and not isinstance(package[name], ModuleType):
+            sys.modules.setdefault(old, importlib.import_module(new))
+
+
 def attribute(name: str) -> ModuleType:
     """``flowrl.<name>`` for a moved module (``from flowrl import selectors``); AttributeError otherwise."""
     new = new_name(f"flowrl.{name}")

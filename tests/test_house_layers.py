@@ -59,6 +59,17 @@ def test_an_old_module_path_imports_the_new_module_itself(old: str) -> None:
     assert not (ROOT / (old.replace(".", "/") + ".py")).exists()  # the old file is gone: one home per module
 
 
+def test_importing_every_old_path_leaves_flowrls_exports_as_they_were() -> None:
+    """``flowrl.registry`` is both an old module path and the exported function: importing the path must not bind
+    the module over the function (the import system sets a submodule on its parent when it first loads it)."""
+    before = {name: getattr(flowrl, name) for name in flowrl.__all__}
+    for old in sorted(_moved.MOVED):
+        importlib.import_module(old)
+    changed = sorted(name for name in flowrl.__all__ if getattr(flowrl, name) is not before[name])
+    assert not changed, f"importing an old path rebound flowrl's exports: {changed}"
+    assert callable(flowrl.registry) and flowrl.registry("sampler").get("independent") is not None
+
+
 def test_old_paths_reach_submodules_and_attributes_and_nothing_else() -> None:
     walk = importlib.import_module("flowrl.samplers.walk")
     assert walk is importlib.import_module("flowrl.parts.samplers.walk")
