@@ -6,7 +6,6 @@ Every problem is collected with its file and key path; :class:`RecipeError` prin
 from __future__ import annotations
 
 import difflib
-import math
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import attrs
 
 from flowrl.config.composition import composition_checks
+from flowrl.config.reward_weights import Weight, parse_weight, weight_table
 from flowrl.config.settings import LoraConfig, OptimConfig, ScheduleConfig, TrainerConfig
 from flowrl.config.update_modes import update_checks
 from flowrl.core.convert import ConfigError, structure, unstructure
@@ -62,7 +62,7 @@ class Part:
 
 @attrs.frozen
 class RewardPart(Part):
-    weight: float = 1.0
+    weight: Weight = 1.0  # a number, or a schedule over the iterations (flowrl.config.reward_weights)
     name: str = ""
     frames: Any = None  # which frames of a video clip an image reward scores (None: the default choice)
 
@@ -73,7 +73,7 @@ class RewardPart(Part):
         return model
 
     def to_table(self) -> dict[str, Any]:
-        table = {"type": self.type, "weight": self.weight, "name": self.name, **unstructure(self.config)}
+        table = {"type": self.type, "weight": weight_table(self.weight), "name": self.name, **unstructure(self.config)}
         return table if self.frames is None else {**table, "frames": unstructure(self.frames)}
 
 
@@ -310,11 +310,10 @@ def _resolve_rewards(specs: Any, problems: list[tuple[str, str]]) -> list[Reward
             problems.append((path, f"expected a table, got {spec!r}"))
             continue
         spec = dict(spec)
-        weight = spec.pop("weight", 1.0)
+        weight = parse_weight(spec.pop("weight", 1.0), f"{path}.weight", problems)
         name = spec.pop("name", spec.get("type", ""))
         frames = spec.pop("frames", None)
-        if not isinstance(weight, int | float) or isinstance(weight, bool) or not math.isfinite(weight):
-            problems.append((f"{path}.weight", f"expected a finite number, got {weight!r}"))
+        if weight is None:
             continue
         why = frame_choice_problem(frames)
         if why is not None:
@@ -323,7 +322,7 @@ def _resolve_rewards(specs: Any, problems: list[tuple[str, str]]) -> list[Reward
         part = _resolve_part("reward", spec, path, problems)
         if part is not None:
             frames = tuple(frames) if isinstance(frames, list) else frames
-            rewards.append(RewardPart(part.type, part.cls, part.config, float(weight), str(name), frames))
+            rewards.append(RewardPart(part.type, part.cls, part.config, weight, str(name), frames))
     return rewards
 
 

@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Sequence
 
+from flowrl.config.reward_weights import describe_weight
 from flowrl.export.facts import CardFacts, Figure
 
 __all__ = ["CardFacts", "Figure", "model_card", "demote_headings"]
@@ -120,7 +121,7 @@ def model_card(facts: CardFacts) -> str:
     from flowrl.export.usage import usage
 
     parts = ", ".join(f"{kind} `{name}`" for kind, name in facts.parts.items())
-    rewards = ", ".join(f"`{name}` (weight {weight:g})" for name, weight in facts.rewards)
+    rewards = ", ".join(f"`{name}` (weight {describe_weight(weight)})" for name, weight in facts.rewards)
     lines = [
         *_front_matter(facts),
         f"# {facts.name}" + (" (initial weights)" if facts.initial else ""),

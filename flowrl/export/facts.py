@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 
+from flowrl.config.reward_weights import Weight
+
 
 @attrs.frozen
 class Takes:
@@ -37,7 +39,7 @@ class CardFacts:
     licence: str  # an SPDX id or a hub licence name; "other" when unknown
     licence_note: str  # one sentence on where the licence comes from
     parts: dict[str, str]  # kind -> registered part (selector, sampler, kernel, advantage, loss)
-    rewards: tuple[tuple[str, float], ...]  # (reward, weight)
+    rewards: tuple[tuple[str, Weight], ...]  # (reward, weight: a number or a schedule)
     step: int  # the checkpoint's iteration
     iterations: int  # the run's last logged iteration
     nfe: int  # rollout NFE up to the last logged iteration

@@ -93,7 +93,7 @@ def load_policy(
         weights = transformer_weights(folder) if manifest.weights == "transformer" else None
     elif path.suffix != ".toml":
         weights, state, _ = load_checkpoint(folder)
-    rewards = reward_models(recipe)
+    rewards = reward_models(recipe, int(state["step"]))  # a scheduled weight: its value at the checkpoint's step
     backbone: Backbone = recipe.build("backbone")
     if recipe.lora is not None:
         add_lora(backbone.transformer, recipe.lora)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 import torch
 from torch import Tensor
 
+from flowrl.core.choices import one_of
 from flowrl.core.interfaces import AdvantageEstimator
 from flowrl.core.registry import register
 from flowrl.core.types import Advantages, RewardBatch, Rollout
@@ -50,6 +53,20 @@ def group_normalize(
     return adv.to(rewards.dtype)
 
 
+def batch_whiten(values: Tensor, *, eps: float = 1e-4, unbiased: bool = False) -> Tensor:
+    """``(v - mean) / (std + eps)`` over the whole batch, in float64, returned in the values' dtype; a constant
+    batch (one value included) gives exact zeros."""
+    v = values.to(torch.float64)
+    if v.numel() == 0 or bool(v.min() == v.max()):
+        return torch.zeros_like(values)
+    centred = v - v.mean()
+    std = (centred.square().sum() / max(v.numel() - int(unbiased), 1)).sqrt()
+    return (centred / (std + eps)).to(values.dtype)
+
+
+MultiReward = Literal["sum_then_normalize", "normalize_then_sum", "gdpo"]
+
+
 def _nonneg_or_none(_: object, attribute: attrs.Attribute, value: float | None) -> None:
     if value is not None and value < 0:
         raise ValueError(f"'{attribute.name}' must be >= 0 or None, got {value}")
@@ -61,8 +78,10 @@ class GroupNorm(AdvantageEstimator):
 
     ``sum_then_normalize`` normalises the weighted sum of the rewards (Flow-GRPO);
     ``normalize_then_sum`` normalises each reward within its group and takes the weighted sum (MixGRPO,
-    E-GRPO multi-reward), clipping the sum once. In both modes each reward's normalised advantage (unclipped)
-    is logged in ``per_reward``.
+    E-GRPO multi-reward), clipping the sum once; ``gdpo`` (GDPO) normalises each reward within its group, takes
+    the weighted sum, whitens that sum over the whole batch (the rewards of every process: ``(s - mean) / (std +
+    eps)``, the std as ``unbiased`` says) and clips it once. In every mode each reward's normalised advantage
+    (unclipped) is logged in ``per_reward``.
     """
 
     @attrs.frozen
@@ -71,10 +90,7 @@ class GroupNorm(AdvantageEstimator):
         unbiased: bool = False  # Bessel-corrected std (DanceGRPO)
         global_std: bool = False  # std over the whole batch (Flow-GRPO's default)
         clip: float | None = attrs.field(default=5.0, validator=_nonneg_or_none)  # None or 0: no clip
-        multi_reward: str = attrs.field(
-            default="sum_then_normalize",
-            validator=attrs.validators.in_(("sum_then_normalize", "normalize_then_sum")),
-        )
+        multi_reward: MultiReward = attrs.field(default="sum_then_normalize", validator=one_of(MultiReward))
 
     def _normalize(self, values: Tensor, groups: Tensor, clip: float | None) -> Tensor:
         c = self.config
@@ -85,10 +101,13 @@ class GroupNorm(AdvantageEstimator):
     def __call__(self, rewards: RewardBatch, rollout: Rollout) -> Advantages:
         groups = rollout.group
         per_reward = {k: self._normalize(v, groups, None) for k, v in rewards.scores.items()}
-        if self.config.multi_reward == "sum_then_normalize":
-            values = self._normalize(rewards.total, groups, self.config.clip)
+        c = self.config
+        if c.multi_reward == "sum_then_normalize":
+            values = self._normalize(rewards.total, groups, c.clip)
         else:
             summed = sum(rewards.weights[k] * a for k, a in per_reward.items())
             assert isinstance(summed, Tensor), "a RewardBatch needs at least one score"
-            values = summed.clamp(-self.config.clip, self.config.clip) if self.config.clip else summed
+            if c.multi_reward == "gdpo":
+                summed = batch_whiten(summed, eps=c.eps, unbiased=c.unbiased)
+            values = summed.clamp(-c.clip, c.clip) if c.clip else summed
         return Advantages(values=values, per_reward=per_reward)

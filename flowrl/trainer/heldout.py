@@ -35,7 +35,8 @@ class HeldOut:
 
     def evaluate(self, grid_file: Path, step: int) -> dict[str, float]:
         """Figures keyed ``eval/...`` (``{}`` without evaluation prompts) of the policy after ``step``
-        iterations; the sample row goes to ``grid_file``."""
+        iterations; the sample row goes to ``grid_file``. The rewards are weighted as at iteration ``step`` (a
+        scheduled weight's value there), so any weighted total of an evaluation is the one training uses next."""
         from flowrl.evaluation.evaluate import evaluate
 
         prompts = self.prompts.heldout()[: self.cfg.eval_prompts]
@@ -43,7 +44,8 @@ class HeldOut:
             return {}
         self.backbone.module.eval()
         with self.policy.inference(), self.backbone.uncounted():  # evaluation is not part of the training budget
-            result = evaluate(self.backbone, prompts, self.rewards, self.schedule, self.cfg.eval_seed)
+            rewards = [reward.at(step) for reward in self.rewards]
+            result = evaluate(self.backbone, prompts, rewards, self.schedule, self.cfg.eval_seed)
             grid = self.grid(step)
         if grid is not None and self.accelerator.is_main_process:
             write_grid(grid, grid_file)

@@ -193,7 +193,7 @@ class Trainer:
         t_model = self.backbone.forward_s - forward0 + update.pop("time/backward_s", 0.0)
         seconds = {"rollout": t_rollout, "update": t_update, "iteration": t_iter, "transformer": t_model}
         metrics = iteration_metrics(rollout, rewards, advantages, plan, update, seconds)
-        metrics.update({**self.drift(rollout), "lr": self.policy.lr})
+        metrics.update({**self.drift(rollout), **self.parts.rewards.weight_figures(rewards), "lr": self.policy.lr})
         metrics = {
             "step": self.step,
             "wall_s": round(self.wall, 4),
@@ -234,9 +234,10 @@ class Trainer:
         return self.heldout.evaluate(self.run_dir / "samples" / f"step_{self.step:06d}.png", self.step)
 
     def score(self, rollout: Rollout) -> RewardBatch:
-        """Every reward's scores of the rollout; those the sampler declares it computed already (an overlapped
-        rollout's: RolloutSampler.precomputed_scores) are taken as they are."""
-        return self.parts.rewards(rollout, self.sampler)
+        """Every reward's scores of the rollout, weighted as at this iteration (a scheduled weight's value at
+        ``self.step``); those the sampler declares it computed already (an overlapped rollout's:
+        RolloutSampler.precomputed_scores) are taken as they are."""
+        return self.parts.rewards(rollout, self.sampler, self.step)
 
     def update(self, rollout: Rollout, advantages: Advantages, rewards: RewardBatch) -> dict[str, float]:
         """The policy update of this iteration (flowrl.trainer.update), through the graphs the rollout kept."""

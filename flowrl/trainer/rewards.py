@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from flowrl.config.recipe import Recipe
+from flowrl.config.reward_weights import scheduled, weight_at
 from flowrl.core.errors import part_failure
 from flowrl.core.interfaces import RewardError, RolloutSampler
 from flowrl.core.types import RewardBatch, Rollout
@@ -27,17 +28,27 @@ class RewardPhase:
     def __init__(self, recipe: Recipe) -> None:
         self.rewards = reward_models(recipe)
 
-    def __call__(self, rollout: Rollout, sampler: RolloutSampler) -> RewardBatch:
-        return score_rollout(self.rewards, rollout, sampler.precomputed_scores)
+    def __call__(self, rollout: Rollout, sampler: RolloutSampler, step: int = 0) -> RewardBatch:
+        """The rollout of iteration ``step`` scored, weighted by each reward's weight at ``step``."""
+        return score_rollout(self.at(step), rollout, sampler.precomputed_scores)
+
+    def at(self, step: int) -> list[BuiltReward]:
+        """The rewards with their weights of iteration ``step`` (a weight schedule is a pure function of the step,
+        so a resumed run weighs as an unbroken one)."""
+        return [reward.at(step) for reward in self.rewards]
+
+    def weight_figures(self, batch: RewardBatch) -> dict[str, float]:
+        """``reward_weight/<name>``: the weight ``batch`` used, for each reward whose weight is scheduled."""
+        return {f"reward_weight/{r.name}": batch.weights[r.name] for r in self.rewards if r.schedule is not None}
 
     def stateful(self) -> dict[str, Any]:
         """Each reward model under ``reward/<name>``: its state is checkpointed like a selector's."""
         return {f"reward/{reward.name}": reward.model for reward in self.rewards}
 
 
-def reward_models(recipe: Recipe) -> list[BuiltReward]:
-    """The recipe's reward models, built and checked (no backbone needed)."""
-    models = [BuiltReward(r.name, r.weight, r.build()) for r in recipe.rewards]
+def reward_models(recipe: Recipe, step: int = 0) -> list[BuiltReward]:
+    """The recipe's reward models, built and checked (no backbone needed), weighted as at iteration ``step``."""
+    models = [BuiltReward(r.name, weight_at(r.weight, step), r.build(), scheduled(r.weight)) for r in recipe.rewards]
     for reward in models:
         reward.model.check()
     return models
