@@ -1,4 +1,4 @@
-"""What a resumed run may change, and how the run folder records it.
+"""What a resumed run may change (the run folder records it: :meth:`flowrl.trainer.runfolder.RunFolder.write_recipe`).
 
 A resumed run continues the same optimizer state, random streams and sampled prompts, so it must keep its
 method, model, rewards and seed: a change there would make the folder describe one run while another ran.
@@ -72,12 +72,3 @@ def check_resume(checkpoint: Path, recipe: Recipe) -> list[tuple[str, Any, Any]]
             ],
         )
     return changes
-
-
-def record_resume(run_dir: Path, checkpoint: Path, step: int, changes: list[tuple[str, Any, Any]]) -> str:
-    """Keep the settings that ran up to ``step`` as ``recipe.step_<step>.toml`` (the caller then writes the new
-    ``recipe.toml``); returns the one-line note to print."""
-    kept = run_dir / f"recipe.step_{step:06d}.toml"
-    kept.write_bytes((Path(checkpoint) / "recipe.toml").read_bytes())
-    listed = ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
-    return f"resumed at step {step} with changed settings: {listed} (the settings before: {kept})"
