@@ -73,7 +73,7 @@ def test_an_image_reward_scores_a_clip_as_the_mean_over_its_chosen_frames() -> N
 
 
 def test_a_video_reward_gets_the_whole_clip() -> None:
-    jpeg = flowrl.core.registry("reward").get("jpeg_compressibility")
+    jpeg = flowrl.registry("reward").get("jpeg_compressibility")
     seen: list[tuple[int, ...]] = []
 
     class ClipLength(jpeg):  # type: ignore[misc, valid-type]
