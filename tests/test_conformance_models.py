@@ -142,6 +142,12 @@ def saved(kind: str) -> str:
         from flowrl.backbones.flux.tiny import TinyFluxSpec, save_tiny_flux
 
         save_tiny_flux(TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1), folder)
+    elif kind == "flux_kontext":  # FLUX.1-Kontext-dev's class: FluxKontextPipeline, embedded guidance
+        from flowrl.backbones.common.tiny import save_pipeline
+        from flowrl.backbones.flux.tiny import TinyFluxSpec, tiny_flux_kontext_pipeline
+
+        spec = TinyFluxSpec(image_size=16, pixel_space=False, num_layers=1, num_single_layers=1, guidance_embeds=True)
+        save_pipeline(tiny_flux_kontext_pipeline(spec), folder)
     elif kind == "flux2":  # the recipes' FLUX.2-dev class (Flux2Pipeline, embedded guidance)
         from flowrl.backbones.flux2.tiny import TinyFlux2Spec, save_tiny_flux2
 
@@ -166,6 +172,9 @@ BACKBONES: dict[str, Any] = {
     "flux": lambda: {"path": saved("flux"), **SMALL, "dtype": "float32"},
     "sd3": lambda: {"path": saved("sd3"), **SMALL, "dtype": "float32"},
     "tiny_flux": lambda: {"resolution": 16, "num_layers": 1, "num_single_layers": 1},
+    # text prompts: FLUX.1's forward (tests/test_flux_kontext.py checks the rules with source images)
+    "flux_kontext": lambda: {"path": saved("flux_kontext"), **SMALL, "dtype": "float32"},
+    "tiny_flux_kontext": lambda: {"resolution": 16, "num_layers": 1, "num_single_layers": 1},
     "tiny_sd3": lambda: {"resolution": 16},
     "world_tiny": lambda: {},
     "world_edit_tiny": lambda: {"path": str(BASE_MODEL)},  # text-to-image weights: text prompts, the world's forward
@@ -180,7 +189,7 @@ BACKBONES: dict[str, Any] = {
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "sd3", "wan", "flux2", "qwen_image"):
+    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
     check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)

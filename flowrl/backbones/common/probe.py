@@ -121,23 +121,32 @@ class ProbeProcessor:
     """The half every probe processor shares, placed before the diffusers processor it subclasses
     (``class P(ProbeProcessor, FluxAttnProcessor)``): the ``recorder`` it adds its ``layer``'s entropy to, the
     ``options`` saying what to measure and, for a joint ``[text; image]`` sequence, ``text_len``, the text tokens
-    at its start."""
+    at its start; ``query_len``, where set, the image rows measured after them (the rest of the sequence, a
+    source image's tokens, still serves as keys), else every row after the text."""
 
     def __init__(
-        self, recorder: EntropyRecorder, layer: int, options: AttentionEntropyOptions, text_len: int = 0
+        self,
+        recorder: EntropyRecorder,
+        layer: int,
+        options: AttentionEntropyOptions,
+        text_len: int = 0,
+        query_len: int | None = None,
     ) -> None:
         super().__init__()
         self.recorder, self.layer, self.options, self.text_len = recorder, layer, options, text_len
+        self.query_len = query_len
 
     def _record(self, query: Tensor, key: Tensor, attention_mask: Tensor | None) -> None:
         """Record the entropy of the image-query rows of a joint ``[text; image]`` sequence (every
-        ``query_stride``-th after the ``text_len`` text rows) over every key, or the text keys only
-        (``keys = "text"``)."""
+        ``query_stride``-th of the ``query_len`` rows after the ``text_len`` text rows) over every key, or the text
+        keys only (``keys = "text"``)."""
         if attention_mask is not None:
             raise NotImplementedError("the attention-entropy probe does not support attention masks")
         o, t = self.options, self.text_len
         keys = key[:, :t] if o.keys == "text" else key
-        self.recorder.add(self.layer, softmax_entropy(query[:, t :: o.query_stride], keys, o.chunk_size, o.normalise))
+        end = None if self.query_len is None else t + self.query_len
+        rows = query[:, t : end : o.query_stride]
+        self.recorder.add(self.layer, softmax_entropy(rows, keys, o.chunk_size, o.normalise))
 
 
 @contextmanager
@@ -148,6 +157,7 @@ def probe_processors(
     probes: Mapping[type, type[ProbeProcessor]],
     *,
     text_len: int = 0,
+    query_len: int | None = None,
     recorder: EntropyRecorder | None = None,
     subclasses: bool = False,
 ) -> Iterator[EntropyRecorder]:
@@ -169,7 +179,7 @@ def probe_processors(
             )
         if found is None:
             raise refuse(i, old, replaced)
-        return found(recorder, i, options, text_len)
+        return found(recorder, i, options, text_len, query_len)
 
     with swapped_processors(modules(unwrap(transformer)), options.layers, make):
         yield recorder

@@ -90,17 +90,22 @@ class FluxAdapter(PipelineAdapter):
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
         self.nfe += int(x.shape[0])
+        return self.flux_forward(x, self._img_ids, s, cond)
+
+    def flux_forward(self, tokens: Tensor, img_ids: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
+        """One transformer call on image ``tokens`` at positions ``img_ids`` (not counted in ``nfe``): the text,
+        pooled vector and embedded guidance from ``cond`` and the config."""
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:
-            guidance = torch.full((x.shape[0],), self.config.guidance, device=x.device, dtype=torch.float32)
+            guidance = torch.full((tokens.shape[0],), self.config.guidance, device=tokens.device, dtype=torch.float32)
         return self.forward(
-            hidden_states=x.to(self.dtype),
+            hidden_states=tokens.to(self.dtype),
             timestep=s.to(self.dtype),
             guidance=guidance,
             pooled_projections=cond.tensors["pooled"].to(self.dtype),
             encoder_hidden_states=cond.tensors["embeds"].to(self.dtype),
             txt_ids=self._text_ids,
-            img_ids=self._img_ids,
+            img_ids=img_ids,
         )
 
     def attention_entropy(self, x: Tensor, s: Tensor, cond: Conditioning, options: Any) -> Tensor:
@@ -116,9 +121,13 @@ class FluxAdapter(PipelineAdapter):
 
         options = options or AttentionEntropyOptions()
         text_len = int(cond.tensors["embeds"].shape[1])
-        with torch.no_grad(), entropy_probe(self.module, options, text_len) as recorder:
+        with torch.no_grad(), entropy_probe(self.module, options, text_len, self.probed_rows(x, cond)) as recorder:
             v = self.velocity(x, s, cond)
         return v, recorder.entropy()
+
+    def probed_rows(self, x: Tensor, cond: Conditioning) -> int | None:
+        """The image-query rows the probe measures after the text: None, every image row of the sequence."""
+        return None
 
     def decode(self, x: Tensor) -> Tensor:
         with torch.no_grad():

@@ -83,9 +83,12 @@ def attention_modules(transformer: nn.Module) -> list[Any]:
 
 
 def entropy_probe(
-    transformer: nn.Module, options: AttentionEntropyOptions, text_len: int
+    transformer: nn.Module, options: AttentionEntropyOptions, text_len: int, query_len: int | None = None
 ) -> AbstractContextManager[EntropyRecorder]:
     """Install probe processors on the chosen layers (in place of ``FluxAttnProcessor`` or a subclass keeping its
-    ``__call__``); restore the originals on exit (also on error)."""
+    ``__call__``); restore the originals on exit (also on error). ``query_len``: the image rows measured (the
+    target's, before an edit source's tokens); None: every image row."""
     probes = {FluxAttnProcessor: EntropyProbeProcessor}
-    return probe_processors(transformer, attention_modules, options, probes, text_len=text_len, subclasses=True)
+    return probe_processors(
+        transformer, attention_modules, options, probes, text_len=text_len, query_len=query_len, subclasses=True
+    )

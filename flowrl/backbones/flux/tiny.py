@@ -25,6 +25,7 @@ from flowrl.backbones.common.settings import DType
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules, tiny_clip_config, tiny_t5, tiny_vae
 from flowrl.backbones.common.twin import TwinBackbone
 from flowrl.backbones.flux.adapter import FluxAdapter
+from flowrl.backbones.flux.kontext import FluxKontextAdapter
 from flowrl.core.choices import one_of
 from flowrl.core.registry import register
 
@@ -199,3 +200,45 @@ class TinyFlux(TwinBackbone, FluxAdapter):
     spec_type = TinyFluxSpec
     build_transformer = staticmethod(_transformer)
     build_pipeline = staticmethod(tiny_flux_pipeline)
+
+
+def tiny_flux_kontext_pipeline(spec: TinyFluxSpec, words: Sequence[str] | None = None, seed: int = 0) -> Any:
+    """The modules of :func:`tiny_flux_pipeline` (latent space: Kontext encodes its source with the VAE) in a
+    ``diffusers.FluxKontextPipeline``; deterministic given ``seed``."""
+    from diffusers import FluxKontextPipeline
+
+    if spec.pixel_space:
+        raise ValueError("a tiny FLUX.1-Kontext pipeline is in latent space (pixel_space=False): it needs a VAE")
+    flux = tiny_flux_pipeline(spec, words=words, seed=seed)
+    return FluxKontextPipeline(**{k: v for k, v in flux.components.items() if k in _KONTEXT_MODULES})
+
+
+_KONTEXT_MODULES = ("scheduler", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2", "transformer")
+
+
+@register("backbone", "tiny_flux_kontext")
+class TinyFluxKontext(TwinBackbone, FluxKontextAdapter):
+    """A tiny random-weight FluxKontextPipeline (real diffusers classes, built locally, no download), in latent
+    space with a tiny VAE; one RGB source image per prompt, resized and centre-cropped to ``resolution``."""
+
+    @attrs.frozen
+    class Config:
+        seed: int = attrs.field(default=0, validator=ge(0))  # weight initialisation seed
+        resolution: int = attrs.field(default=32, validator=gt(0))  # image side in pixels (target and source)
+        num_layers: int = attrs.field(default=2, validator=ge(0))  # double-stream blocks
+        num_single_layers: int = attrs.field(default=2, validator=ge(0))  # single-stream blocks
+        attention_head_dim: int = attrs.field(default=16, validator=gt(0))
+        num_attention_heads: int = attrs.field(default=2, validator=gt(0))
+        axes_dims_rope: tuple[int, int, int] = (4, 6, 6)  # must sum to attention_head_dim
+        max_sequence_length: int = attrs.field(default=16, validator=gt(0))  # prompt tokens
+        guidance_embeds: bool = True  # FLUX.1-Kontext-dev is guidance-distilled
+        guidance: float = 2.5
+        dtype: DType = attrs.field(default="float32", validator=one_of(DType))
+
+    spec_type = TinyFluxSpec
+    build_transformer = staticmethod(_transformer)
+    build_pipeline = staticmethod(tiny_flux_kontext_pipeline)
+
+    @staticmethod
+    def spec_fields(config: Any) -> dict[str, Any]:
+        return {"pixel_space": False}
