@@ -126,6 +126,8 @@ def test_flux_kontext_loads_a_saved_pipeline(tmp_path) -> None:
         v_loaded = loaded.velocity(x, s, loaded.encode(prompts))
         v_twin = twin.velocity(x, s, twin.encode(prompts))
     assert torch.allclose(v_loaded, v_twin, atol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 4"):  # the tiny VAE halves once: 2 x 2 packing of 2 px cells
+        flowrl.build("backbone", {"type": "flux_kontext", **settings, "resolution": 30})
 
 
 def test_conforms_with_source_images() -> None:

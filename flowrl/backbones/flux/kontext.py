@@ -51,6 +51,9 @@ class FluxKontextAdapter(FluxAdapter):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
+        factor = self.pipe.vae_scale_factor * 2
+        if config.resolution % factor:
+            raise ValueError(f"resolution {config.resolution} must be a multiple of {factor} for this Kontext model")
         self._source_ids = self._img_ids.clone()
         self._source_ids[:, 0] = 1  # the target's grid on another frame
 
