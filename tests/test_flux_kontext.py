@@ -19,6 +19,7 @@ from PIL import Image
 import flowrl
 from flowrl.backbones.common.tiny import save_pipeline
 from flowrl.backbones.flux.tiny import TinyFluxSpec, tiny_flux_kontext_pipeline
+from flowrl.config.recipe import RecipeError, recipe_from_dict
 from flowrl.conformance import check_backbone
 from flowrl.core.conditions import Condition, Prompt
 from flowrl.core.types import Conditioning, Plan, Schedule
@@ -128,6 +129,13 @@ def test_flux_kontext_loads_a_saved_pipeline(tmp_path) -> None:
     assert torch.allclose(v_loaded, v_twin, atol=1e-6)
     with pytest.raises(ValueError, match="multiple of 4"):  # the tiny VAE halves once: 2 x 2 packing of 2 px cells
         flowrl.build("backbone", {"type": "flux_kontext", **settings, "resolution": 30})
+    # the recipe loader refuses it first, in one line naming the key, before any model loads
+    data = tiny_recipe()
+    data["backbone"] = {"type": "flux_kontext", **settings, "resolution": 30}
+    with pytest.raises(RecipeError, match=r"\[backbone.resolution\] 30 must be a multiple of 4 for the model in"):
+        recipe_from_dict(data)
+    data["backbone"]["resolution"] = 32
+    assert recipe_from_dict(data).parts["backbone"].config.resolution == 32
 
 
 def test_conforms_with_source_images() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -38,3 +40,30 @@ def spec_problems(spec: Callable[[Any], Any], config: Any) -> list[tuple[str, st
         key = min(found)[1] if found else ""
         return [(key, text)]
     return []
+
+
+def saved_json(path: str, name: str) -> dict[str, Any] | None:
+    """A JSON file of a saved pipeline (a local folder, or a hub id already in the local cache); None if absent."""
+    file = Path(path) / name
+    if not file.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(path, name)
+        except Exception:  # not a valid repo id either
+            return None
+        if not isinstance(cached, str):
+            return None
+        file = Path(cached)
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def packed_vae_multiple(vae_config: dict[str, Any]) -> int:
+    """What an image side must be a multiple of for a FLUX-style base: the VAE's pixels per latent cell
+    (``2 ** (len(block_out_channels) - 1)``, as the pipelines compute it) times the 2 x 2 packing of cells into a
+    token."""
+    return int(2 ** (len(vae_config.get("block_out_channels", (0,) * 4)) - 1) * 2)

@@ -31,6 +31,7 @@ import torch
 from attrs.validators import ge, gt
 from torch import Tensor
 
+from flowrl.backbones.common.checks import packed_vae_multiple, saved_json
 from flowrl.backbones.common.pipeline import DTYPES, load_from_pretrained
 from flowrl.backbones.common.settings import DType
 from flowrl.backbones.flux.adapter import FluxAdapter
@@ -122,6 +123,16 @@ class FluxKontextFromPretrained(FluxKontextAdapter):
         guidance: float = attrs.field(default=2.5, validator=ge(0))  # embedded guidance
         max_sequence_length: int = attrs.field(default=512, validator=gt(0))
         dtype: DType = attrs.field(default="bfloat16", validator=one_of(DType))
+
+    @staticmethod
+    def check_config(config: Config) -> list[tuple[str, str]]:
+        """What the saved model's files on this machine (if any) already refute: the resolution's multiple."""
+        vae = saved_json(config.path, "vae/config.json")
+        factor = packed_vae_multiple(vae) if vae is not None else None
+        if factor is not None and config.resolution % factor:
+            return [("resolution", f"{config.resolution} must be a multiple of {factor} for the model in {config.path}"
+                     " (the VAE's pixels per latent cell, 2 x 2 cells a token)")]
+        return []
 
     @staticmethod
     def transformer_on_meta(config: Any) -> Any:

@@ -30,8 +30,6 @@ Velocities come back as fp32 (``v ~ eps - x0``, the same sign as FLUX.1: the pip
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Self
 
 import attrs
@@ -40,6 +38,7 @@ import torch
 from attrs.validators import ge, gt
 from torch import Tensor
 
+from flowrl.backbones.common.checks import packed_vae_multiple, saved_json
 from flowrl.backbones.common.pipeline import DTYPES, PipelineAdapter, load_from_pretrained, unit_images
 from flowrl.backbones.common.probe_options import AttentionEntropyOptions
 from flowrl.backbones.common.settings import DType, SigmaGrid
@@ -195,26 +194,6 @@ class Flux2Adapter(PipelineAdapter):
         return v, recorder.entropy()[-n:]  # with CFG the forward is batched [negative; cond]: the conditional rows
 
 
-def saved_json(path: str, name: str) -> dict[str, Any] | None:
-    """A JSON file of a saved pipeline (a local folder, or a hub id already in the local cache); None if absent."""
-    file = Path(path) / name
-    if not file.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(path, name)
-        except Exception:  # not a valid repo id either
-            return None
-        if not isinstance(cached, str):
-            return None
-        file = Path(cached)
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 @register("backbone", "flux2")
 class Flux2FromPretrained(Flux2Adapter):
     """FLUX.2-dev, FLUX.2-klein or klein-base (any saved Flux2Pipeline / Flux2KleinPipeline: the class named in
@@ -253,7 +232,7 @@ class Flux2FromPretrained(Flux2Adapter):
             problems.append(("path", f"'{config.path}' holds a {found}, not {' or '.join(PIPELINES)}"))
         vae = saved_json(config.path, "vae/config.json")
         if vae is not None:
-            factor = 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1) * 2
+            factor = packed_vae_multiple(vae)
             if config.resolution % factor:
                 problems.append(("resolution", f"{config.resolution} must be a multiple of {factor} for this model"))
         return problems
