@@ -24,8 +24,11 @@ from flowrl.trainer import Trainer
 PROMPTS = ["a red circle", "two blue squares", "a cat", "a dog", "three green stars", "a house"]
 
 
+TINY = {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1}
+
+
 def setup(n: int = 8, kernel: dict | None = None) -> tuple:
-    backbone = flowrl.build("backbone", {"type": "tiny_flux", "resolution": 16, "num_layers": 1, "num_single_layers": 1})
+    backbone = flowrl.build("backbone", TINY)
     schedule = Schedule(backbone.schedule_sigmas(n, 3.0), flowrl.build("kernel", kernel or {"type": "flash_sde"}))
     return backbone, schedule
 
@@ -106,12 +109,23 @@ def test_the_draw_belongs_to_the_prompt_not_the_batch() -> None:
     assert torch.allclose(whole.final_latents, torch.cat([first.final_latents, second.final_latents]), atol=1e-5)
 
 
-def test_plans_it_cannot_take_are_refused() -> None:
+def test_the_pool_is_the_trained_units() -> None:
+    """Untrained units are ODE steps; a plan that trains none gives all-ODE rollouts (for a forward-process loss);
+    ``flash_window`` without a size is the first half of the grid."""
     backbone, schedule = setup()
+    assert [(u.start, u.merge) for u in window(schedule, 0).units] == [(0, 1), (1, 1), (2, 1), (3, 1)]  # 8 // 2
+    assert candidate_pool(Plan(units=(Unit(0), Unit(2), Unit(5)), trained=(1,))) == [1]
+    before = backbone.nfe
+    odd = sample(backbone, schedule, Plan(units=(Unit(0), Unit(2), Unit(5)), trained=(1,)), PROMPTS[:2], range(2))
+    assert odd.extras["sde_step"].value.tolist() == [2] * 6 and len(odd.transitions) == 6
+    none = sample(backbone, schedule, Plan(units=(Unit(2),), trained=()), PROMPTS[:2], range(2))
+    assert none.extras["sde_step"].value.tolist() == [-1] * 6 and len(none.transitions) == 0
+    assert backbone.nfe - before == 2 * 6 * schedule.num_steps
     with pytest.raises(ValueError, match="merges steps"):
         candidate_pool(Plan(units=(Unit(0, 2),), trained=(0,)))
-    with pytest.raises(ValueError, match=r"unit \(2, 1\) is not trained"):
-        candidate_pool(Plan(units=(Unit(0), Unit(2)), trained=(0,)))
+
+
+def test_recipes_it_cannot_take_are_refused() -> None:
     data = tiny_recipe()
     data.update(sampler={"type": "iso_temporal", "group_size": 2}, kernel={"type": "flash_sde"},
                 selector={"type": "explicit", "units": [[0, 2]]})

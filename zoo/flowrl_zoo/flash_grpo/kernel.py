@@ -46,5 +46,5 @@ class FlashSDEKernel(FlowGRPOKernel):
         """``g(s) = s_min + (s_max - s_min) s`` in float64 (``s_max`` unset: ``s_at_one``)."""
         top = s_at_one if self.config.s_max is None else self.config.s_max
         if top < self.config.s_min:
-            raise ValueError(f"flash_sde: s_max ({top}, the grid's s_1 when unset) is below s_min ({self.config.s_min})")
+            raise ValueError(f"flash_sde: s_max ({top}; unset: the grid's s_1) is below s_min ({self.config.s_min})")
         return self.config.s_min + (top - self.config.s_min) * s.to(torch.float64)

@@ -32,7 +32,7 @@ def gradient_scale(kernel: TransitionKernel, s: Tensor, s_next: Tensor, s_at_one
     with torch.enable_grad():
         mean, std = kernel.mean_std(x, v, s.float(), s_next.float(), s_at_one)
         if float(std.min()) <= 0:
-            raise ValueError("temporal gradient rectification needs a stochastic step (std > 0) at every candidate step")
+            raise ValueError("temporal gradient rectification needs a stochastic step (std > 0) at every candidate")
         point = mean.detach() + std.detach().reshape(n, 1)  # the sample one std above the mean
         (grad,) = torch.autograd.grad(kernel.log_prob(point, mean, std).sum(), v)
     return grad.reshape(n).abs().double()

@@ -19,30 +19,26 @@ from flowrl_zoo.flash_grpo.rectification import rectification_weights
 
 
 def candidate_pool(plan: Plan) -> list[int]:
-    """The plan's units a prompt may draw from (indices into ``plan.units``): all of them, each trained and of
-    merge 1; a ValueError names the first unit that is not."""
-    for k, unit in enumerate(plan.units):
+    """The units a prompt may draw its SDE step from (indices into ``plan.units``): the trained ones, each of
+    merge 1 (a ValueError names a merged one). The plan's untrained units are ODE steps here."""
+    for k in plan.trained:
+        unit = plan.units[k]
         if unit.merge != 1:
             raise ValueError(f"iso_temporal takes single steps; unit ({unit.start}, {unit.merge}) merges steps")
-        if k not in plan.trained:
-            raise ValueError(f"iso_temporal draws each prompt's SDE step from the plan's units, all trained; unit "
-                             f"({unit.start}, 1) is not trained")
-    if not plan.units:
-        raise ValueError("iso_temporal needs at least one candidate unit in the plan")
-    return list(range(len(plan.units)))
+    return sorted(plan.trained)
 
 
 @register("sampler", "iso_temporal")
 class IsoTemporalSampler(RolloutSampler):
     """One SDE step per rollout, at a step shared by the prompt's group (Flash-GRPO, arXiv 2605.15980).
 
-    For each prompt a unit ``k`` is drawn uniformly from the plan's units (the candidate pool, e.g.
-    ``flash_window``) with the prompt's own generator, so prompts of one batch get different ``k`` and the
-    draw does not depend on how prompts are split over processes. Its ``G`` rollouts start from independent
-    noise, take every step by Euler ODE except step ``k``, where they take the kernel's SDE step; that one
-    transition per rollout is trained, and the group is the prompt (*iso-temporal grouping*: the rewards of a
-    group differ by the policy's decisions, not by which step explored). The step each rollout explored is in
-    ``Rollout.extras["sde_step"]``.
+    For each prompt a unit ``k`` is drawn uniformly from the plan's trained units (the candidate pool, e.g.
+    ``flash_window``'s) with the prompt's own generator: prompts of one batch get different ``k``, and the draw
+    does not depend on how the prompts are split over processes. The prompt's ``G`` rollouts start from
+    independent noise and take every step by Euler ODE except step ``k``, where they take the kernel's SDE step;
+    that one transition per rollout is trained, and the group is the prompt (*iso-temporal grouping*: the
+    rewards of a group differ by the policy's draws, not by which step explored). The plan's untrained units are
+    ODE steps here. ``Rollout.extras["sde_step"]`` holds each rollout's ``k``.
 
     With ``rectification`` (temporal gradient rectification) the transition's loss weight is
     ``w_k = (1 / c_k) / mean_pool(1 / c)``, ``c_k`` the kernel's policy-gradient scale ``|b| / std`` at step
@@ -63,20 +59,24 @@ class IsoTemporalSampler(RolloutSampler):
         self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
     ) -> Rollout:
         pool = candidate_pool(plan)
-        starts = torch.tensor([plan.units[k].start for k in pool])
+        starts = torch.tensor([plan.units[k].start for k in pool], dtype=torch.long)
         sizes = torch.tensor(plan.sizes(len(prompts), self.config.group_size))
         nfe0 = backbone.nfe
         cond = backbone.encode(prompts)
         rollout_prompt = torch.arange(len(prompts)).repeat_interleave(sizes)
-        drawn = torch.cat([torch.randint(len(pool), (1,), generator=rng.generators[p]) for p in range(len(prompts))])
-        choice = drawn[rollout_prompt]  # each rollout's position in the pool: its prompt's draw
+        if pool:  # each prompt's position in the pool, from its own generator; then its rollouts'
+            drawn = torch.cat([torch.randint(len(pool), (1,), generator=rng.generators[p])
+                               for p in range(len(prompts))])
+            choice = drawn[rollout_prompt]
+            sde_step, unit = starts[choice], torch.tensor(pool)[choice]
+            weight = (rectification_weights(schedule, starts.tolist()) if self.config.rectification
+                      else torch.ones(len(pool)))[choice]
+        else:  # a plan that trains no unit (a forward-process loss): every rollout is ODE
+            sde_step = torch.full((len(rollout_prompt),), -1, dtype=torch.long)
+            unit, weight = torch.zeros_like(sde_step), torch.ones(len(rollout_prompt))
         x = rng.randn(rollout_prompt, backbone.latent_shape, backbone.device)
-        if self.config.rectification:
-            weights = rectification_weights(schedule, starts.tolist())
-        else:
-            weights = torch.ones(len(pool))
-        x, transitions = self.denoise(backbone, x, cond.take(rollout_prompt), rollout_prompt, starts[choice],
-                                      torch.tensor(pool)[choice], weights[choice], schedule, rng)
+        x, transitions = self.denoise(backbone, x, cond.take(rollout_prompt), rollout_prompt, sde_step, unit, weight,
+                                      schedule, rng)
         return Rollout(
             prompts=list(prompts),
             cond=cond,
@@ -86,7 +86,7 @@ class IsoTemporalSampler(RolloutSampler):
             transitions=transitions,
             nfe=backbone.nfe - nfe0,
             final_latents=x,
-            extras={"sde_step": PerRollout(starts[choice])},
+            extras={"sde_step": PerRollout(sde_step)},  # -1: none (an all-ODE rollout)
         )
 
     def denoise(
