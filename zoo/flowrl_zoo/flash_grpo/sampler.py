@@ -111,10 +111,14 @@ class IsoTemporalSampler(RolloutSampler):
             here = sde_step == step
             sde, ode = here.nonzero().flatten(), (~here).nonzero().flatten()
             nxt = torch.empty_like(x)
-            if len(ode):
+            if not len(sde):  # every row by ODE: one call on the whole batch
+                with untrained_forwards():
+                    v = backbone.velocity(x, s.expand(len(ode)), cond)
+                nxt = euler_step(x, v.float(), s, s_next)
+            elif len(ode):
                 rows = ode.to(x.device)
                 with untrained_forwards():
-                    v = backbone.velocity(x[rows], s.expand(len(ode)), cond if not len(sde) else cond.take(ode))
+                    v = backbone.velocity(x[rows], s.expand(len(ode)), cond.take(ode))
                 nxt[rows] = euler_step(x[rows], v.float(), s, s_next)
             if len(sde):
                 rows, n = sde.to(x.device), len(sde)
