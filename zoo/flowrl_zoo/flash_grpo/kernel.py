@@ -34,7 +34,7 @@ class FlashSDEKernel(FlowGRPOKernel):
     @attrs.frozen
     class Config:
         s_max: float | None = attrs.field(default=None, validator=optional(ge(0)))  # None: the grid's s_1
-        s_min: float = attrs.field(default=0.0, validator=ge(0))
+        s_min: float = attrs.field(default=0.0, validator=ge(0))  # the diffusion at s = 0
 
     @staticmethod
     def check_config(config: Config) -> Iterable[tuple[str, str]]:
