@@ -8,6 +8,7 @@ from flowrl_zoo import (  # noqa: F401
     dance_grpo,
     diffusion_nft,
     egrpo,
+    flash_grpo,
     flow_dppo,
     flow_grpo,
     flow_grpo_fast,
