@@ -107,6 +107,6 @@ def test_settings_and_prompts_without_a_source_are_refused_before_anything_runs(
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 2 and "Traceback" not in out.stdout + out.stderr
     assert lines == [f"recipe error: 1 problem in {recipe}",
-                     "  [reward] 'edit_preservation' needs each prompt's condition images (it scores the result against"
-                     " them), but [prompts] type = 'world' gives prompts without any (a text-to-image task); use prompts"
-                     " with condition images (an edit task) or a reward that scores the result alone"]
+                     "  [reward] 'edit_preservation' needs each prompt's condition images (it scores the result "
+                     "against them), but [prompts] type = 'world' gives prompts without any (a text-to-image task); "
+                     "use prompts with condition images (an edit task) or a reward that scores the result alone"]
