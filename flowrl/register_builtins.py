@@ -18,6 +18,7 @@ from flowrl.parts.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
     edit_judge,
+    feature_preservation,
     hps,
     imagereward,
     jpeg,  # noqa: F401

@@ -55,8 +55,10 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "remote": ({}, (0.0, 1.0), ()),  # the world verifier, served on 127.0.0.1 in a thread (served_verifier)
     "edit_judge": ({}, (0.0, 1.0), ()),  # a stand-in OpenAI-style judge on 127.0.0.1 (stand_in_judge)
     "edit_preservation": ({}, (-1.0, 1.0), ()),  # SSIM
+    "edit_feature_similarity": ({"device": "cpu"}, (-1.0, 1.0), ()),  # a cosine; a tiny DINOv2 (tiny_features)
 }
-EDIT_REWARDS = ("world_edit_verifier", "edit_judge", "edit_preservation")  # scored against each scene as the source
+# scored against an edit of each scene, the scene its source
+EDIT_REWARDS = ("world_edit_verifier", "edit_judge", "edit_preservation", "edit_feature_similarity")
 FLOAT32_TOL, REDUCED_TOL = 1e-4, 3e-2  # see flowrl.conformance.backbones.TOLERANCE
 SCENES = enumerate_scenes("train")[:200:50]  # a single object and relations, all in the tiny models' words
 WORLD_PROMPTS = [s.text for s in SCENES]
@@ -82,6 +84,16 @@ def served_verifier() -> str:
 
 
 _SERVERS: list[Any] = []
+
+
+@functools.cache
+def tiny_features() -> str:
+    """A tiny random DINOv2 saved to a folder (tests/test_edit_feature_similarity.py builds it)."""
+    import tempfile
+
+    from test_edit_feature_similarity import tiny_dinov2
+
+    return tiny_dinov2(Path(tempfile.mkdtemp(prefix="conformance-dinov2-")) / "model")
 
 
 @functools.cache
@@ -114,6 +126,8 @@ def local_reward(name: str, settings: dict[str, Any]) -> tuple[Any, tuple[float,
         local = {**local, "url": served_verifier(), "retries": 0}
     if name == "edit_judge":
         local = {**local, "url": stand_in_judge(), "retries": 0}
+    if name == "edit_feature_similarity":
+        local = {**local, "model": tiny_features()}
     for module in modules:
         if not has_module(module):
             pytest.skip(f"reward '{name}' needs {module} (its extra; nox -s extras)")

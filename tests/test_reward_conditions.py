@@ -23,7 +23,8 @@ from flowrl.core.registry import registry
 from flowrl.trainer import train
 
 EDIT_REWARD = [{"type": "world_edit_verifier"}]
-SOURCE_READERS = ("world_edit_verifier", "edit_judge", "edit_preservation")  # the rewards that read the source
+# the rewards that read the source
+SOURCE_READERS = ("world_edit_verifier", "edit_judge", "edit_preservation", "edit_feature_similarity")
 
 
 def _recipe(prompts: dict, reward: list[dict] = EDIT_REWARD, **extra: object) -> dict:
