@@ -10,8 +10,9 @@ punishes in full; ``metric = "l1"`` gives ``1 - mean |result - source|`` for tho
 The price: a pixel measure also penalises the edit itself, and a global edit (a style, a season, the tone) changes
 nearly every pixel. So this term is never the reward alone: a recipe weighs it against an edit judge and ramps it in
 with a weight schedule (docs/rewards.md, ``recipes/flux/kontext_edit_judge.toml``), so the policy first learns to
-follow the instruction, then to keep the rest. A feature-space similarity (DINOv2, CLIP vision) would tolerate
-global edits better; it is not built yet. flowrl's conditions carry no edit mask, so the whole image is compared.
+follow the instruction, then to keep the rest. A feature-space similarity tolerates global edits better:
+``edit_feature_similarity`` (:mod:`flowrl.rewards.feature_preservation`, DINOv2). flowrl's conditions carry no edit
+mask, so the whole image is compared.
 
 The source is brought to the result's frame by the rule the edit bases use: taken as it is when it already has the
 result's size, else (a square result) scaled on its short side and centre-cropped
