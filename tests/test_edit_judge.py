@@ -11,14 +11,17 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_recipe
 from served import edit_judge_app, in_thread, judge_answer, reward_in_thread
 
+from flowrl.config.condition_checks import reward_condition_problems
+from flowrl.config.recipe import recipe_from_dict
 from flowrl.core.conditions import Condition, Prompt
 from flowrl.rewards.base import RewardConfigError
 from flowrl.rewards.edit_judge import EditJudge, quality_question, semantics_question
 from flowrl.rewards.http import RemoteRewardError
 from flowrl.rewards.judge_logprobs import expected_score
-from flowrl.rewards.remote import RemoteReward
+from flowrl.rewards.remote import RemoteReward, server_problems
 from flowrl.rewards.wire import decode_image, png_roundtrip
 
 FAST = {"retries": 0, "backoff_s": 0.01, "timeout_s": 10.0}
@@ -193,3 +196,13 @@ def test_served_by_flowrl_serve_it_scores_as_in_process() -> None:
     assert torch.equal(remote.components["expected"], here.components["expected"])
     # PQ: artifacts 7 with an alternative 1, which can begin 1 or 10 and stands for 10 (nearer the written 7)
     assert here.components["artifacts"].tolist() == pytest.approx([(0.9 * 7 + 0.1 * 10) / 10] * 3, rel=1e-6)
+
+
+def test_validate_refuses_it_on_text_prompts_and_asks_its_server() -> None:
+    data = tiny_recipe()
+    data["reward"] = [{"type": "edit_judge", "url": "http://127.0.0.1:1", "retries": 0}]
+    recipe = recipe_from_dict(data)
+    ((key, message),) = reward_condition_problems(recipe)
+    assert key == "reward" and message.startswith("'edit_judge' needs each prompt's condition images")
+    ((key, message),) = server_problems(recipe)  # `flowrl validate` asks the judge's server, as a remote reward's
+    assert key == "reward.url" and "http://127.0.0.1:1/v1/models did not answer" in message
