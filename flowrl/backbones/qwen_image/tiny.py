@@ -227,12 +227,12 @@ def _processor(tokenizer: Any) -> Any:
     image of at most 128 x 128 pixels read at its own size, rounded to 8)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from flowrl.backbones.qwen_image.processor import processor_class
+    from flowrl.backbones.qwen_image.processor import ImageQwen2VLProcessor
 
     factor = VISION_PATCH * VISION_MERGE
     images = Qwen2VLImageProcessorPil(patch_size=VISION_PATCH, merge_size=VISION_MERGE, temporal_patch_size=2,
                                       min_pixels=factor * factor, max_pixels=128 * 128)  # fmt: skip
-    return processor_class()(image_processor=images, tokenizer=tokenizer)
+    return ImageQwen2VLProcessor(image_processor=images, tokenizer=tokenizer)
 
 
 @attrs.frozen
@@ -263,6 +263,24 @@ def tiny_qwen_image_edit_pipeline(spec: TinyQwenImageEditSpec, words: Sequence[s
     cls = QwenImageEditPlusPipeline if spec.plus else QwenImageEditPipeline
     return cls(scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), tokenizer=tokenizer,
                processor=_processor(tokenizer), **modules)  # fmt: skip
+
+
+def save_tiny_qwen_image_edit(
+    spec: TinyQwenImageEditSpec, folder: str | Path, words: Sequence[str] | None = None, seed: int = 0
+) -> Path:
+    """Build :func:`tiny_qwen_image_edit_pipeline` and ``save_pretrained`` it into ``folder``, its processor
+    recorded as transformers' ``Qwen2VLProcessor`` (as in a published Qwen-Image-Edit folder: any diffusers with
+    torchvision loads it; flowrl's ``qwen_image_edit`` loads its image half)."""
+    import json
+
+    folder = save_pipeline(tiny_qwen_image_edit_pipeline(spec, words=words, seed=seed), folder)
+    for name, key, value in (("model_index.json", "processor", ["transformers", "Qwen2VLProcessor"]),
+                             ("processor/processor_config.json", "processor_class", "Qwen2VLProcessor")):
+        file = Path(folder) / name
+        data = json.loads(file.read_text())
+        data[key] = value
+        file.write_text(json.dumps(data, indent=2))
+    return Path(folder)
 
 
 @register("backbone", "tiny_qwen_image_edit")
