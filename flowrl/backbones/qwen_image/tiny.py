@@ -227,12 +227,12 @@ def _processor(tokenizer: Any) -> Any:
     image of at most 128 x 128 pixels read at its own size, rounded to 8)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from flowrl.backbones.qwen_image.processor import ImageQwen2VLProcessor
+    from flowrl.backbones.qwen_image.processor import processor_class
 
     factor = VISION_PATCH * VISION_MERGE
     images = Qwen2VLImageProcessorPil(patch_size=VISION_PATCH, merge_size=VISION_MERGE, temporal_patch_size=2,
                                       min_pixels=factor * factor, max_pixels=128 * 128)  # fmt: skip
-    return ImageQwen2VLProcessor(image_processor=images, tokenizer=tokenizer)
+    return processor_class()(image_processor=images, tokenizer=tokenizer)
 
 
 @attrs.frozen
