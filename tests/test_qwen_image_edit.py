@@ -131,6 +131,30 @@ def test_ode_sample_equals_qwen_image_edit_plus_pipeline(zero_cond_t: bool, monk
     assert (_ode(backbone, backbone.encode(swapped), x1, steps) - theirs).abs().max() > 100 * 1e-5 * scale
 
 
+@pytest.mark.parametrize("settings", [SETTINGS, PLUS], ids=["edit", "edit_plus"])
+def test_text_rows_start_at_the_sources_vision_tokens(settings: dict[str, Any], capsys: Any) -> None:
+    """The edit tokenizer cuts the template's system message into the 64 tokens the pipelines drop, so a row is
+    the sources' vision tokens (Edit-Plus: after "Picture k:"), the instruction, the template's 5 closing tokens;
+    the negative prompt is read with each prompt's own sources."""
+    from flowrl.backbones.qwen_image.tokenizer import template_prefix_length
+
+    backbone = flowrl.build("backbone", settings)
+    pipe = backbone.pipe
+    assert template_prefix_length(pipe.tokenizer, pipe.prompt_template_encode) == 64
+    assert pipe.prompt_template_encode_start_idx == 64 and "warning" not in capsys.readouterr().err
+    n = backbone.config.images
+    vision = (backbone.vision_side // 8) ** 2  # one vision token per 8 x 8 pixels (4-pixel patches merged 2 x 2)
+    per_image = vision + 2 + (3 if settings is PLUS else 0)  # <|vision_start|> ... <|vision_end|>, "picture k :"
+    prompts = _prompts(_sources(2 * n), per_prompt=n)
+    cond = backbone.encode(prompts)
+    assert cond.tensors["mask"].sum(1).tolist() == [n * per_image + 3 + 5] * 2  # both instructions are 3 words
+    assert backbone.text_capacity() == n * per_image + 5 + backbone.config.max_sequence_length
+    neg = cond.tensors["neg_embeds"]
+    # " " makes no token with the word tokenizer (it drops spaces; Qwen2's BPE makes one)
+    assert cond.tensors["neg_mask"].sum(1).tolist() == [n * per_image + 5] * 2
+    assert not torch.allclose(neg[0], neg[1])  # read with different sources
+
+
 def test_prompts_need_their_sources() -> None:
     backbone = flowrl.build("backbone", SETTINGS)
     with pytest.raises(ValueError, match=r"takes exactly 1 source image\(s\) per prompt; 'a cat' has 0"):
