@@ -188,6 +188,10 @@ def saved(kind: str) -> str:
         from flowrl.backbones.qwen_image.tiny import TinyQwenImageSpec, save_tiny_qwen_image
 
         save_tiny_qwen_image(TinyQwenImageSpec(image_size=16), folder)
+    elif kind == "qwen_image_edit":  # Qwen-Image-Edit's class: QwenImageEditPipeline (one source image)
+        from flowrl.backbones.qwen_image.tiny import TinyQwenImageEditSpec, save_tiny_qwen_image_edit
+
+        save_tiny_qwen_image_edit(TinyQwenImageEditSpec(image_size=16), folder)
     elif kind == "wan":
         from flowrl.backbones.wan.tiny import TinyWanSpec, save_tiny_wan
 
@@ -217,14 +221,22 @@ BACKBONES: dict[str, Any] = {
     "tiny_flux2": lambda: {"resolution": 16},  # klein-base: CFG with the frozen negative branch
     "qwen_image": lambda: {"path": saved("qwen_image"), **SMALL, "dtype": "float32"},
     "tiny_qwen_image": lambda: {"resolution": 16},  # true CFG with the norm rescale, the pipeline's grid
+    # edit bases that need a source: the world's edit prompts (tests/test_qwen_image_edit.py checks the rest)
+    "qwen_image_edit": lambda: {"path": saved("qwen_image_edit"), **SMALL, "dtype": "float32"},
+    "tiny_qwen_image_edit": lambda: {"resolution": 16},
 }
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image"):
+    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image", "qwen_image_edit"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
+        if name == "qwen_image_edit":  # the recipes' Edit-Plus and vision side on the saved Edit twin
+            settings |= {"pipeline": "edit", "images": 1, "vision_resolution": 0}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
-    check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)
+    cls = registry("backbone").get(name)
+    needed = cls.accepts(cls.Config(**settings)).count[0]
+    prompts = reward_prompts("world_edit_verifier")[:3] if needed else WORLD_PROMPTS[:3]  # one source each
+    check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), prompts, tolerance=tolerance)
 
 
 @pytest.mark.parametrize("name", sorted(BACKBONES))
