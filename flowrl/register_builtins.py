@@ -17,6 +17,7 @@ from flowrl.backbones import (  # noqa: F401  (each base package registers its a
 from flowrl.parts.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
+    first_frame,
     hps,
     imagereward,
     jpeg,  # noqa: F401
