@@ -114,6 +114,11 @@ class WanI2VAdapter(WanAdapter):
         return self._trained
 
     @property
+    def frozen_modules(self) -> tuple[nn.Module, ...]:
+        """The transformers called besides :attr:`module` (Wan 2.2 A14B: the expert not trained)."""
+        return () if self._other is None else (self._other,)
+
+    @property
     def latent_shape(self) -> tuple[int, int, int, int]:
         s = self.pipe.vae_scale_factor_spatial
         return (self.pipe.vae.config.z_dim, self.latent_frames, self.height // s, self.width // s)
