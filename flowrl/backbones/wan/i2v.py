@@ -36,6 +36,7 @@ resizes it to the same size, an identity, and CLIP's processor resizes and crops
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -107,6 +108,7 @@ class WanI2VAdapter(WanAdapter):
         if self._other is not None:
             self._other.requires_grad_(False).eval()
         self.module = self._trained
+        self._warned = False  # the frozen-side warning, printed once
 
     @property
     def transformer(self) -> nn.Module:
@@ -246,6 +248,14 @@ class WanI2VAdapter(WanAdapter):
                 out = part.new_zeros((x.shape[0], *part.shape[1:]))
             out = out.index_put((index,), part)
         assert out is not None
+        if torch.is_grad_enabled() and not out.requires_grad:  # every row on the frozen expert's side
+            if not self._warned:
+                self._warned = True
+                side = "t < " if self.config.expert == "high" else "t >= "
+                print(f"warning: {type(self).__name__}: trained transitions at {side}{self.boundary:g} run on the "
+                      f"frozen expert (expert = {self.config.expert!r}) and give no gradient; put the recipe's "
+                      "trained steps on the trained expert's side", file=sys.stderr)
+            out = out.detach().requires_grad_(True)  # the true gradient with respect to the policy: zero
         return out
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
