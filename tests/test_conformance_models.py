@@ -52,6 +52,7 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "pickscore": ({"model": CLIP, "processor": CLIP, "device": "cpu"}, None, ()),
     "world_verifier": ({}, (0.0, 1.0), ()),
     "world_edit_verifier": ({}, (0.0, 1.0), ()),  # edits of the rendered scenes, each scene its source
+    "first_frame_consistency": ({}, (0.0, 1.0), ()),  # each rendered scene its prompt's first frame (pixel metric)
     "remote": ({}, (0.0, 1.0), ()),  # the world verifier, served on 127.0.0.1 in a thread (served_verifier)
 }
 FLOAT32_TOL, REDUCED_TOL = 1e-4, 3e-2  # see flowrl.conformance.backbones.TOLERANCE
@@ -81,7 +82,17 @@ def served_verifier() -> str:
 _SERVERS: list[Any] = []
 
 
+def first_frame_prompts(texts: list[str]) -> list[str]:
+    """``texts`` each with a rendered world scene as its condition image (a first frame, a source)."""
+    from flowrl.core.conditions import Condition, Prompt
+
+    sources = render_batch(SCENES, 0)
+    return [Prompt(t, [Condition(img)]) for t, img in zip(texts, sources, strict=False)]
+
+
 def reward_prompts(name: str) -> list[str]:
+    if name == "first_frame_consistency":  # each scene's rendering its first frame
+        return first_frame_prompts(list(WORLD_PROMPTS))
     if name == "world_edit_verifier":  # an edit of each scene, the scene's rendering its source image
         from flowrl.core.conditions import Condition, Prompt
         from flowrl.world.edit import _edits_of
@@ -160,6 +171,10 @@ def saved(kind: str) -> str:
         from flowrl.backbones.wan.tiny import TinyWanSpec, save_tiny_wan
 
         save_tiny_wan(TinyWanSpec(), folder)
+    elif kind == "wan_i2v":  # the two-expert layout (Wan 2.2 I2V-A14B): the loader, both experts, 16-token text
+        from flowrl.backbones.wan.tiny_i2v import TinyWanI2VSpec, save_tiny_wan_i2v
+
+        save_tiny_wan_i2v(TinyWanI2VSpec(variant="2.2-a14b"), folder)
     else:
         from flowrl.backbones.sd3.tiny import TinySD3Spec, save_tiny_sd3
 
@@ -181,6 +196,9 @@ BACKBONES: dict[str, Any] = {
     # the recipes' frame sizes replaced by SMALL's side; their num_frames, CFG and grid kept
     "wan": lambda: {"path": saved("wan"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
     "tiny_wan": lambda: {"resolution": 16, "num_frames": 5},
+    # image-to-video: prompts with a first frame each (run_backbone_check)
+    "wan_i2v": lambda: {"path": saved("wan_i2v"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
+    "tiny_wan_i2v": lambda: {"resolution": 16, "num_frames": 5, "max_sequence_length": 512},  # Wan 2.1, CLIP
     "flux2": lambda: {"path": saved("flux2"), **SMALL, "dtype": "float32"},
     "tiny_flux2": lambda: {"resolution": 16},  # klein-base: CFG with the frozen negative branch
     "qwen_image": lambda: {"path": saved("qwen_image"), **SMALL, "dtype": "float32"},
@@ -189,10 +207,13 @@ BACKBONES: dict[str, Any] = {
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image"):
+    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image", "wan_i2v"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
-    check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)
+    cls = registry("backbone").get(name)
+    needs = cls.accepts(cls.Config(**{k: v for k, v in settings.items() if k != "type"})).count[0] > 0
+    prompts = first_frame_prompts(WORLD_PROMPTS[:3]) if needs else WORLD_PROMPTS[:3]
+    check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), prompts, tolerance=tolerance)
 
 
 @pytest.mark.parametrize("name", sorted(BACKBONES))
