@@ -167,11 +167,12 @@ def test_wan_i2v_loads_a_saved_pipeline_and_checks_its_sides(tmp_path) -> None:
         x = twin.noise(2, torch.Generator().manual_seed(3))
         s = torch.tensor([0.95, 0.3])  # one row on each side of A14B's boundary
         with torch.no_grad():
-            assert torch.allclose(loaded.velocity(x, s, loaded.encode(prompts)), twin.velocity(x, s, twin.encode(prompts)),
-                                  atol=1e-6)
+            ours = loaded.velocity(x, s, loaded.encode(prompts))
+            assert torch.allclose(ours, twin.velocity(x, s, twin.encode(prompts)), atol=1e-6)
         data = tiny_recipe()
         data["backbone"] = {"type": "wan_i2v", **base, "resolution": 24}
-        with pytest.raises(RecipeError, match=r"\[backbone.resolution\] height 24 must be a multiple of 16 for the model"):
+        refused = r"\[backbone.resolution\] height 24 must be a multiple of 16 for the model"
+        with pytest.raises(RecipeError, match=refused):
             recipe_from_dict(data)
     data["backbone"] = {"type": "wan_i2v", **base, "max_sequence_length": 16, "expert": "low"}
     assert recipe_from_dict(data).parts["backbone"].config.expert == "low"  # A14B: no CLIP, two experts

@@ -100,7 +100,7 @@ class WanI2VAdapter(WanAdapter):
         if self.clip and config.max_sequence_length != WAN21_TEXT_TOKENS:
             raise ValueError(f"max_sequence_length must be {WAN21_TEXT_TOKENS} for Wan 2.1 I2V")
         low = config.expert == "low"
-        self._trained: nn.Module = second if low else pipe.transformer
+        self._trained: nn.Module = pipe.transformer_2 if low else pipe.transformer
         self._other: nn.Module | None = pipe.transformer if low else second
         for module in (self._trained, self._other):
             if module is not None and module.dtype != self.dtype:
@@ -165,8 +165,8 @@ class WanI2VAdapter(WanAdapter):
             )
         return embeds.float()  # type: ignore[no-any-return]
 
-    def encode_rows(self, prompts: list[str]) -> list[Any]:
-        """Each prompt's text states, with its first frame's tensors when it has one (a tuple)."""
+    def encode_rows(self, prompts: list[str]) -> Any:
+        """Each prompt's text states, with its first frame's tensors when it has one (a tuple); a list."""
         out: list[Any] = []
         for prompt, row in zip(prompts, self.text_rows([str(p) for p in prompts]), strict=True):
             conditions = conditions_of(prompt)
@@ -251,8 +251,8 @@ class WanI2VAdapter(WanAdapter):
         if torch.is_grad_enabled() and not out.requires_grad:  # every row on the frozen expert's side
             if not self._warned:
                 self._warned = True
-                side = "t < " if self.config.expert == "high" else "t >= "
-                print(f"warning: {type(self).__name__}: trained transitions at {side}{self.boundary:g} run on the "
+                where = "t < " if self.config.expert == "high" else "t >= "
+                print(f"warning: {type(self).__name__}: trained transitions at {where}{self.boundary:g} run on the "
                       f"frozen expert (expert = {self.config.expert!r}) and give no gradient; put the recipe's "
                       "trained steps on the trained expert's side", file=sys.stderr)
             out = out.detach().requires_grad_(True)  # the true gradient with respect to the policy: zero

@@ -136,8 +136,8 @@ def tiny_wan_i2v_pipeline(spec: TinyWanI2VSpec, words: Sequence[str] | None = No
     if spec.variant == "2.2-a14b":
         builders["transformer_2"] = lambda: _transformer(spec)
     modules = seeded_modules(builders, seed, _SEED_OFFSETS)
-    processor = CLIPImageProcessor(size={"shortest_edge": CLIP_SIZE}, crop_size=CLIP_SIZE) if "image_encoder" in modules \
-        else None
+    clip = "image_encoder" in modules
+    processor = CLIPImageProcessor(size={"shortest_edge": CLIP_SIZE}, crop_size=CLIP_SIZE) if clip else None
     return WanImageToVideoPipeline(
         tokenizer=tokenizer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=spec.shift),
