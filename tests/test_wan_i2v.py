@@ -162,7 +162,7 @@ def test_wan_i2v_loads_a_saved_pipeline_and_checks_its_sides(tmp_path) -> None:
         base = {"path": str(folder), "resolution": 16, "num_frames": 5, "max_sequence_length": text,
                 "guidance_scale": 4.5, "dtype": "float32"}
         loaded = flowrl.build("backbone", {"type": "wan_i2v", **base})
-        twin = flowrl.build("backbone", settings(variant, grid="uniform"))
+        twin = flowrl.build("backbone", settings(variant, grid="uniform", max_sequence_length=text))
         prompts = _prompts(_frames(2, 16))
         x = twin.noise(2, torch.Generator().manual_seed(3))
         s = torch.tensor([0.95, 0.3])  # one row on each side of A14B's boundary

@@ -30,7 +30,7 @@ from attrs.validators import ge, gt, le
 from flowrl.backbones.common.settings import DType, SigmaGrid
 from flowrl.backbones.common.tiny import save_pipeline, seeded_modules
 from flowrl.backbones.common.twin import TwinBackbone
-from flowrl.backbones.wan.i2v import VARIANTS, WAN21_TEXT_TOKENS, Expert, WanI2VAdapter, i2v_frame_problems
+from flowrl.backbones.wan.i2v import VARIANTS, WAN21_TEXT_TOKENS, Expert, Variant, WanI2VAdapter, i2v_frame_problems
 from flowrl.backbones.wan.tiny import TinyWanSpec, _umt5, _vae
 from flowrl.core.choices import one_of
 from flowrl.core.registry import register
@@ -44,7 +44,7 @@ class TinyWanI2VSpec(TinyWanSpec):
     """Sizes of a tiny Wan image-to-video pipeline: the text-to-video twin's, the layout (``variant``), the CLIP
     width (``image_dim``, 2.1) and the expert boundary (2.2-a14b)."""
 
-    variant: str = attrs.field(default="2.1", validator=one_of(VARIANTS))
+    variant: Variant = attrs.field(default="2.1", validator=one_of(VARIANTS))
     image_dim: int = attrs.field(default=8, validator=gt(0))
     boundary_ratio: float = attrs.field(default=0.9, validator=[gt(0.0), le(1.0)])
 
@@ -163,7 +163,7 @@ class TinyWanI2V(TwinBackbone, WanI2VAdapter):
     @attrs.frozen
     class Config:
         seed: int = attrs.field(default=0, validator=ge(0))  # weight initialisation seed
-        variant: str = attrs.field(default="2.1", validator=one_of(VARIANTS))  # 2.1 | 2.2-a14b | 2.2-ti2v
+        variant: Variant = attrs.field(default="2.1", validator=one_of(VARIANTS))  # the layout (module docstring)
         resolution: int = attrs.field(default=16, validator=gt(0))  # frame side in pixels
         height: int = attrs.field(default=0, validator=ge(0))  # frame height (0: resolution)
         width: int = attrs.field(default=0, validator=ge(0))  # frame width (0: resolution)
@@ -171,7 +171,7 @@ class TinyWanI2V(TwinBackbone, WanI2VAdapter):
         num_layers: int = attrs.field(default=2, validator=gt(0))  # transformer blocks (each expert)
         attention_head_dim: int = attrs.field(default=12, validator=gt(0))  # even, >= 6 (3-D rotary parts)
         num_attention_heads: int = attrs.field(default=2, validator=gt(0))
-        max_sequence_length: int = attrs.field(default=16, validator=gt(2))  # UMT5 tokens (variant 2.1: 512)
+        max_sequence_length: int = attrs.field(default=512, validator=gt(2))  # UMT5 tokens (2.1: must be 512)
         guidance_scale: float = attrs.field(default=4.5, validator=ge(1.0))  # CFG scale (2.2-a14b: high-noise expert)
         guidance_scale_2: float = attrs.field(default=0.0, validator=ge(0.0))  # low-noise expert's; 0: guidance_scale
         boundary_ratio: float = attrs.field(default=0.9, validator=[gt(0.0), le(1.0)])  # 2.2-a14b's expert switch
