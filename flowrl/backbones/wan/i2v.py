@@ -14,8 +14,9 @@ diffusers 0.42 reads it:
   below, each row of a batch sent to its own. Training adapts **one** expert (``expert``: ``"high"`` or
   ``"low"``), the other stays the base model: a recipe's trained steps belong on that expert's side (a transition
   on the other side has a gradient of zero). Why one: the trainer adapts one transformer (LoRA, the reference policy
-  with LoRA switched off, checkpoints, the export); the published two-expert recipe (a LoRA on both) is two runs,
-  one per expert, each on its own steps. ``guidance_scale_2`` is the low-noise expert's guidance (0: the same).
+  with LoRA switched off, checkpoints, the export), and the published two-expert GRPO recipe (Flow-Factory's) puts
+  its LoRA on the high-noise expert alone, its SDE step on that side; adapting both is two runs, one per expert,
+  each with its trained steps on its own side. ``guidance_scale_2`` is the low-noise expert's guidance (0: the same).
 - **Wan 2.2 TI2V-5B** (``expand_timesteps``): no concatenation; the first latent frame *is* the image's latent
   (normalised), written over the noisy one in every forward, its tokens at timestep 0 and every other token at the
   step's. Its velocity is not the model's: flowrl gives that frame the velocity of the straight path to the image's
