@@ -15,8 +15,8 @@ diffusers 0.42 reads it:
   ``"low"``), the other stays the base model: a recipe's trained steps belong on that expert's side (a transition
   on the other side has a gradient of zero). Why one: the trainer adapts one transformer (LoRA, the reference policy
   with LoRA switched off, checkpoints, the export), and the published two-expert GRPO recipe (Flow-Factory's) puts
-  its LoRA on the high-noise expert alone, its SDE step on that side; adapting both is two runs, one per expert,
-  each with its trained steps on its own side. ``guidance_scale_2`` is the low-noise expert's guidance (0: the same).
+  its LoRA on the high-noise expert alone, its SDE step on that side; adapting both experts in one run is not
+  supported. ``guidance_scale_2`` is the low-noise expert's guidance (0: the same).
 - **Wan 2.2 TI2V-5B** (``expand_timesteps``): no concatenation; the first latent frame *is* the image's latent
   (normalised), written over the noisy one in every forward, its tokens at timestep 0 and every other token at the
   step's. Its velocity is not the model's: flowrl gives that frame the velocity of the straight path to the image's
