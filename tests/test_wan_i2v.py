@@ -305,3 +305,35 @@ def test_two_expert_training_with_steps_on_both_sides(tmp_path, capsys) -> None:
         trainer.logger.close()
         trainer.release()
     assert capsys.readouterr().err.count("run on the frozen expert") <= 1
+
+
+def test_probe_text_keys_leave_out_wan21_image_context() -> None:
+    """keys = "text" on Wan 2.1 I2V: the first block's cross-attention entropy over the 512 text tokens only,
+    recomputed by hand from the block's inputs, and not the one over the whole [image; text] context."""
+    from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+    from flowrl.backbones.common.probe import softmax_entropy
+    from flowrl.backbones.common.probe_options import AttentionEntropyOptions
+
+    backbone = flowrl.build("backbone", settings("2.1", guidance_scale=1.0))
+    cond = backbone.encode(_prompts(_frames(2, 16)))
+    x = backbone.noise(2, torch.Generator().manual_seed(6))
+    s = torch.tensor([0.7, 0.4])
+    attn = backbone.transformer.blocks[0].attn2
+    seen: dict[str, torch.Tensor] = {}
+    hook = attn.register_forward_pre_hook(lambda _m, args: seen.update(h=args[0], c=args[1]))  # (hidden, context)
+    with torch.no_grad():
+        _, entropy = backbone.velocity_and_entropy(x, s, cond, AttentionEntropyOptions(keys="text", layers=(0,)))
+    hook.remove()
+    context = seen["c"]
+    assert context.shape[1] == (32 // 8) ** 2 + 1 + 512  # the CLIP tokens, then the text
+
+    def by_hand(keys_from: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            q, k, _ = _get_qkv_projections(attn, seen["h"], keys_from)
+            q = attn.norm_q(q).unflatten(2, (attn.heads, -1))
+            k = attn.norm_k(k).unflatten(2, (attn.heads, -1))
+            return softmax_entropy(q, k, 1024, False)
+
+    assert torch.allclose(entropy, by_hand(context[:, -512:]), rtol=1e-5)
+    assert not torch.allclose(entropy, by_hand(context), rtol=1e-3)  # the image context counted: another figure
