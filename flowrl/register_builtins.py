@@ -19,6 +19,7 @@ from flowrl.rewards import (  # noqa: F401
     clip_rewards,
     edit_judge,
     feature_preservation,
+    first_frame,
     hps,
     imagereward,
     jpeg,  # noqa: F401

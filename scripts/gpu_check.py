@@ -17,7 +17,8 @@ larger model also runs with ``trainer.compile = "default"`` (``name:retain:compi
 iteration holds the compilation and is left out like the others). Each case runs in its own
 process, so a CUDA fault in one leaves the others measurable; the
 script exits 1 if any case crashed or saw a non-finite reward, advantage, loss or gradient norm.
-``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
+The image-to-video cases (``tiny_wan_i2v*``, ``wan_i2v*``) take the embedded world's rendered sources as first
+frames. ``--attention`` sets ``trainer.attention_kernels`` (default ``no-cudnn``; ``auto`` lets torch pick cuDNN).
 The ``:suites`` cases run a few prompts of two evaluation suites (``flowrl suite``) on the tiny and ~1B models.
 ``--flow-grpo PATH`` (a local clone of the official Flow-GRPO code) then times its trainer beside flowrl's on a
 ~1B-parameter SD3 (scripts/peer_speed.py, setting ``sd3_1b_cuda``).
@@ -113,18 +114,32 @@ def paper_scale_cases(attention: str) -> list[tuple[str, dict[str, Any]]]:
     flux2 = {"type": "tiny_flux2", "resolution": 256, "num_layers": 4, "num_single_layers": 8, **wide}
     wan = {"type": "tiny_wan", "resolution": 128, "height": 128, "width": 208, "num_frames": 33, "num_layers": 8,
            "guidance_scale": 4.5, **wide}
+    # Wan image-to-video at Flow-Factory's Wan 2.2 I2V-A14B size (480 x 480, 5 frames: 2 latent frames of 30 x 30
+    # tokens = 1,800; the twin: 240 x 240), 8 steps, CFG 3.5; 2.1's layout (CLIP context, 512 text tokens) and
+    # A14B's (two experts, the high-noise one trained; steps on both sides of the boundary)
+    i2v = {"type": "tiny_wan_i2v", "resolution": 240, "num_frames": 5, "num_layers": 8, "guidance_scale": 3.5, **wide}
     return [
         ("qwen_image_512", recipe(qwen, lora=True, steps=10, group=4, attention=attention)),
         ("flux2_1024", recipe(flux2, lora=True, steps=8, group=4, attention=attention)),
         ("wan_33x240x416", recipe(wan, lora=True, steps=20, group=2, attention=attention)),
         ("qwen_image_edit_512", edit_prompts(recipe({**qwen, "type": "tiny_qwen_image_edit"}, lora=True, steps=12,
                                                     group=4, attention=attention))),
+        ("wan_i2v_5x480", first_frames(recipe({**i2v, "max_sequence_length": 512}, lora=True, steps=8, group=4,
+                                              attention=attention))),
+        ("wan_i2v_a14b_5x480", first_frames(recipe({**i2v, "variant": "2.2-a14b"}, lora=True, steps=8, group=4,
+                                                   attention=attention))),
     ]
 
 
 def edit_prompts(data: dict[str, Any]) -> dict[str, Any]:
     """A case's recipe on the embedded world's edit prompts (each with its 32 px source image), for an edit base."""
     return {**data, "prompts": {"type": "world_edit"}}
+
+
+def first_frames(data: dict[str, Any]) -> dict[str, Any]:
+    """An image-to-video case: prompts with a first frame each (the embedded world's 32 px rendered sources, fitted
+    to the frame size by the base)."""
+    return {**data, "prompts": {"type": "world_edit", "eval_count": 4}}
 
 
 def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int, attention: str = "no-cudnn") -> dict[str, Any]:
@@ -373,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
                             group=4, attention=att)),
         ("tiny_qwen_image_edit", edit_prompts(recipe({"type": "tiny_qwen_image_edit", "resolution": 32, **small},
                                                      lora=True, steps=4, group=4, attention=att))),
+        ("tiny_wan_i2v", first_frames(recipe({"type": "tiny_wan_i2v", "resolution": 32, "num_frames": 5,
+                                              **small, "max_sequence_length": 512}, lora=True, steps=4, group=4,
+                                             attention=att))),
+        ("tiny_wan_i2v_a14b", first_frames(recipe({"type": "tiny_wan_i2v", "variant": "2.2-a14b", "resolution": 32,
+                                                   "num_frames": 5, **small}, lora=True, steps=4, group=4,
+                                                  attention=att))),
     ]
     if not args.tiny_only:
         mid_flux_class()  # defined here; the recipe names it by dotted path

@@ -52,6 +52,7 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "pickscore": ({"model": CLIP, "processor": CLIP, "device": "cpu"}, None, ()),
     "world_verifier": ({}, (0.0, 1.0), ()),
     "world_edit_verifier": ({}, (0.0, 1.0), ()),  # edits of the rendered scenes, each scene its source
+    "first_frame_consistency": ({}, (0.0, 1.0), ()),  # each rendered scene its prompt's first frame (pixel metric)
     "remote": ({}, (0.0, 1.0), ()),  # the world verifier, served on 127.0.0.1 in a thread (served_verifier)
     "edit_judge": ({}, (0.0, 1.0), ()),  # a stand-in OpenAI-style judge on 127.0.0.1 (stand_in_judge)
     "edit_preservation": ({}, (-1.0, 1.0), ()),  # SSIM
@@ -109,7 +110,17 @@ def stand_in_judge() -> str:
     return context.__enter__().url
 
 
+def first_frame_prompts(texts: list[str]) -> list[str]:
+    """``texts`` each with a rendered world scene as its condition image (a first frame, a source)."""
+    from flowrl.core.conditions import Condition, Prompt
+
+    sources = render_batch(SCENES, 0)
+    return [Prompt(t, [Condition(img)]) for t, img in zip(texts, sources, strict=False)]
+
+
 def reward_prompts(name: str) -> list[str]:
+    if name == "first_frame_consistency":  # each scene's rendering its first frame
+        return first_frame_prompts(list(WORLD_PROMPTS))
     if name in EDIT_REWARDS:  # an edit of each scene, the scene's rendering its source image
         from flowrl.core.conditions import Condition, Prompt
         from flowrl.world.edit import _edits_of
@@ -196,6 +207,10 @@ def saved(kind: str) -> str:
         from flowrl.backbones.wan.tiny import TinyWanSpec, save_tiny_wan
 
         save_tiny_wan(TinyWanSpec(), folder)
+    elif kind == "wan_i2v":  # the two-expert layout (Wan 2.2 I2V-A14B): the loader, both experts, 16-token text
+        from flowrl.backbones.wan.tiny_i2v import TinyWanI2VSpec, save_tiny_wan_i2v
+
+        save_tiny_wan_i2v(TinyWanI2VSpec(variant="2.2-a14b"), folder)
     else:
         from flowrl.backbones.sd3.tiny import TinySD3Spec, save_tiny_sd3
 
@@ -217,6 +232,9 @@ BACKBONES: dict[str, Any] = {
     # the recipes' frame sizes replaced by SMALL's side; their num_frames, CFG and grid kept
     "wan": lambda: {"path": saved("wan"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
     "tiny_wan": lambda: {"resolution": 16, "num_frames": 5},
+    # image-to-video: prompts with a first frame each (run_backbone_check)
+    "wan_i2v": lambda: {"path": saved("wan_i2v"), **SMALL, "height": 0, "width": 0, "dtype": "float32"},
+    "tiny_wan_i2v": lambda: {"resolution": 16, "num_frames": 5, "max_sequence_length": 512},  # Wan 2.1, CLIP
     "flux2": lambda: {"path": saved("flux2"), **SMALL, "dtype": "float32"},
     "tiny_flux2": lambda: {"resolution": 16},  # klein-base: CFG with the frozen negative branch
     "qwen_image": lambda: {"path": saved("qwen_image"), **SMALL, "dtype": "float32"},
@@ -228,14 +246,14 @@ BACKBONES: dict[str, Any] = {
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image", "qwen_image_edit"):
+    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image", "qwen_image_edit", "wan_i2v"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
         if name == "qwen_image_edit":  # the recipes' Edit-Plus and vision side on the saved Edit twin
             settings |= {"pipeline": "edit", "images": 1, "vision_resolution": 0}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
     cls = registry("backbone").get(name)
-    needed = cls.accepts(cls.Config(**settings)).count[0]
-    prompts = reward_prompts("world_edit_verifier")[:3] if needed else WORLD_PROMPTS[:3]  # one source each
+    needs = cls.accepts(cls.Config(**{k: v for k, v in settings.items() if k != "type"})).count[0] > 0
+    prompts = first_frame_prompts(WORLD_PROMPTS[:3]) if needs else WORLD_PROMPTS[:3]
     check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), prompts, tolerance=tolerance)
 
 

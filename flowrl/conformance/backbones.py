@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -19,10 +20,22 @@ from flowrl.core.interfaces import AttentionEntropyProbe, Backbone
 TOLERANCE = 1e-4
 
 
+@contextlib.contextmanager
+def _transformer_rows(backbone: Backbone) -> Iterator[list[int]]:
+    """:func:`counting_rows` over ``module`` and the frozen transformers a backbone also calls (its
+    ``frozen_modules``: Wan 2.2 A14B's untrained expert); the total is ``[rows]``, read after the calls."""
+    total = [0]
+    with contextlib.ExitStack() as stack:
+        modules = (backbone.module, *getattr(backbone, "frozen_modules", ()))
+        counts = [stack.enter_context(counting_rows(m)) for m in modules]
+        yield total
+        total[0] = sum(c[0] for c in counts)
+
+
 def _velocity(backbone: Backbone, x: Tensor, s: Tensor, cond: Any, where: str) -> Tensor:
     """One velocity call whose NFE must equal the transformer rows it evaluated."""
     nfe0 = backbone.nfe
-    with counting_rows(backbone.module) as rows:
+    with _transformer_rows(backbone) as rows:
         v = backbone.velocity(x, s, cond)
     require(rows[0] >= x.shape[0], backbone,
             f"{where}: the transformer evaluated {rows[0]} rows for {x.shape[0]} latents")
@@ -120,7 +133,7 @@ def check_backbone(
     if isinstance(backbone, AttentionEntropyProbe):  # an optional capability
         with torch.no_grad():
             nfe0 = backbone.nfe
-            with counting_rows(backbone.module) as counted:
+            with _transformer_rows(backbone) as counted:
                 probed, entropy = backbone.velocity_and_entropy(x, s, cond, None)
         require(close(probed, v, tolerance), backbone, "velocity_and_entropy gives another velocity")
         require(tuple(entropy.shape) == (n,) and finite(entropy) and bool((entropy >= 0).all()), backbone,

@@ -258,16 +258,23 @@ def fit_square(condition: Condition, side: int) -> Tensor:
     """An RGB condition as float32 ``(3, side, side)`` in [0, 1]: scaled (bicubic) so its short side is ``side``,
     then centre-cropped; taken as it is when it is already ``side x side``. The preparation rule of the world's
     edit base, and a shared helper for others."""
-    if condition.size == (side, side):
+    return fit_frame(condition, side, side)
+
+
+def fit_frame(condition: Condition, width: int, height: int) -> Tensor:
+    """A condition as float32 ``(C, height, width)`` in [0, 1]: scaled (bicubic) by the smallest factor that covers
+    ``width x height``, then centre-cropped to it; taken as it is when it is already that size (:func:`fit_square`
+    for a square; a video base's first frame at its frame size)."""
+    if condition.size == (width, height):
         return condition.tensor()
     from PIL import Image
 
     image = Image.fromarray(np.asarray(condition.pixels), condition.mode)
     w, h = image.size
-    scale = side / min(w, h)
-    image = image.resize((max(side, round(w * scale)), max(side, round(h * scale))), Image.Resampling.BICUBIC)
-    left, top = (image.size[0] - side) // 2, (image.size[1] - side) // 2
-    cropped = image.crop((left, top, left + side, top + side))
+    scale = max(width / w, height / h)
+    image = image.resize((max(width, round(w * scale)), max(height, round(h * scale))), Image.Resampling.BICUBIC)
+    left, top = (image.size[0] - width) // 2, (image.size[1] - height) // 2
+    cropped = image.crop((left, top, left + width, top + height))
     return Condition(np.asarray(cropped, dtype=np.uint8), condition.mode).tensor()
 
 

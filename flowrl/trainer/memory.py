@@ -5,6 +5,10 @@ of memory minutes later, inside the sampler. The rollout holds at least, per pro
 rollout at every step it records (``num_steps + 1`` of them, in float32) and the decoded images. That lower
 bound is compared with the memory the device has free now; a batch that cannot fit is a recipe error naming
 the two keys that size it.
+
+A video base's pictures are clips: every frame counts (its ``output_pixels``, where it declares them). A conditioned
+base also holds each prompt's cached condition (an image-to-video base's first-frame latents and image tokens: its
+``condition_bytes`` per prompt), counted once per prompt.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -77,6 +81,18 @@ def rollout_bytes(rollouts: int, num_steps: int, latent_shape: Sequence[int], im
     return 4 * rollouts * ((num_steps + 1) * math.prod(latent_shape) + 3 * image_pixels)
 
 
+def picture_pixels(backbone: Any) -> int:
+    """Pixels of one decoded rollout: the backbone's ``output_pixels`` (a clip: every frame), else a
+    ``resolution`` square."""
+    declared = getattr(backbone, "output_pixels", None)
+    return int(declared) if declared is not None else int(getattr(backbone.config, "resolution", 0)) ** 2
+
+
+def condition_bytes(backbone: Any) -> int:
+    """Bytes one prompt's cached condition holds (the backbone's ``condition_bytes``; 0 for a text-only base)."""
+    return int(getattr(backbone, "condition_bytes", 0) or 0)
+
+
 class RolloutFits:
     """The pre-check, made twice: when the trainer is built, with the smallest plan a sampler can be given (one
     trained unit: a lower bound for every sampler, before the first evaluation), and before the first rollout,
@@ -85,9 +101,10 @@ class RolloutFits:
     SMALLEST = Plan(units=(Unit(0),), trained=(0,))
 
     def __init__(self, source: str, sampler: RolloutSampler, num_steps: int, latent_shape: Sequence[int],
-                 image_pixels: int, device: torch.device) -> None:
+                 image_pixels: int, device: torch.device, per_prompt: int = 0) -> None:
         self.source, self.sampler, self.num_steps = source, sampler, num_steps
         self.latent_shape, self.image_pixels, self.device = tuple(latent_shape), image_pixels, device
+        self.per_prompt = per_prompt  # bytes of one prompt's cached condition
         self.planned = False  # checked with a real plan
 
     @classmethod
@@ -95,8 +112,8 @@ class RolloutFits:
         """The pre-check of a run's parts, made at once with the smallest plan (``trainer.prompts_per_step``
         prompts); the rollout phase makes it again with the first iteration's plan."""
         backbone, num_steps = parts.backbone, recipe.schedule.num_steps
-        pixels = int(getattr(backbone.config, "resolution", 0)) ** 2
-        fits = cls(recipe.source, parts.sampler, num_steps, backbone.latent_shape, pixels, device)
+        fits = cls(recipe.source, parts.sampler, num_steps, backbone.latent_shape, picture_pixels(backbone), device,
+                   condition_bytes(backbone))
         fits.check(recipe.trainer.prompts_per_step)
         return fits
 
@@ -110,12 +127,13 @@ class RolloutFits:
         rollouts = self.sampler.rollout_count(plan or self.SMALLEST, prompts)
         free = available_bytes(self.device)
         need = rollout_bytes(rollouts, self.num_steps, self.latent_shape, self.image_pixels)
+        need += prompts * self.per_prompt
         if free is None or need <= free:
             return
         name = self.sampler.registered_name or type(self.sampler).__name__
         groups = "sampler.group_size" if plan is None else f"'{name}' under the first iteration's plan"
         each = rollouts // prompts if rollouts % prompts == 0 else round(rollouts / prompts, 2)
         problem = (f"{prompts} prompts x {each} rollouts ({groups}) need at least"
-                   f" {need / 2**30:.1f} GiB for their latents and images, and {self.device.type} has"
+                   f" {need / 2**30:.1f} GiB for their latents, images and conditions, and {self.device.type} has"
                    f" {free / 2**30:.1f} GiB free: lower one of the two")
         raise RecipeError(self.source, [("trainer.prompts_per_step", problem)])

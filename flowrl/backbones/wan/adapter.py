@@ -75,11 +75,12 @@ class WanAdapter(PipelineAdapter):
     """
 
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    takes_experts = False  # drives a second expert (transformer_2): the image-to-video adapter does
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        why = refused_experts(dict(self.pipe.config), "this pipeline")
-        if why is not None or getattr(self.pipe, "transformer_2", None) is not None:
+        why = None if self.takes_experts else refused_experts(dict(self.pipe.config), "this pipeline")
+        if why is not None or (not self.takes_experts and getattr(self.pipe, "transformer_2", None) is not None):
             raise ValueError(why or "this Wan pipeline has a transformer_2, which the wan backbone does not support")
         _, ph, pw = self.pipe.transformer.config.patch_size
         spatial = self.pipe.vae_scale_factor_spatial
@@ -107,6 +108,11 @@ class WanAdapter(PipelineAdapter):
     def latent_shape(self) -> tuple[int, int, int, int]:
         s = self.pipe.vae_scale_factor_spatial
         return (self.pipe.transformer.config.in_channels, self.latent_frames, self.height // s, self.width // s)
+
+    @property
+    def output_pixels(self) -> int:
+        """Pixels of one decoded rollout, every frame (the memory pre-check's image bound)."""
+        return int(self.config.num_frames) * self.height * self.width
 
     @property
     def guided(self) -> bool:

@@ -12,6 +12,11 @@ side and without gradient, recomputes the layer's queries and keys to record the
 (:func:`flowrl.backbones.common.probe.softmax_entropy`). It uses one private helper of diffusers 0.42
 (``transformer_wan._get_qkv_projections``); ``tests/test_wan.py`` pins it. With classifier-free guidance the
 entropy is the conditional rows' (the batched ``[uncond; cond]`` forward's second half).
+
+Image-to-video (:mod:`flowrl.backbones.wan.i2v`): Wan 2.1's cross-attention also attends to the first frame's
+CLIP states through added K/V; ``keys = "text"`` measures the text part only (the context split as the processor
+splits it). ``skip_rows`` leaves the first video query rows unmeasured (Wan 2.2 TI2V's first latent frame, the
+image itself); they still serve as keys.
 """
 
 from __future__ import annotations
@@ -48,14 +53,18 @@ class WanEntropyProbeProcessor(ProbeProcessor, WanAttnProcessor):
     ) -> Tensor:
         if attention_mask is not None:
             raise NotImplementedError("the attention-entropy probe does not support attention masks")
+        text = encoder_hidden_states
+        if attn.add_k_proj is not None and text is not None:  # Wan 2.1 I2V: [image context; 512 text tokens]
+            text = text[:, text.shape[1] - 512 :]
         with torch.no_grad():
-            query, key, _ = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+            query, key, _ = _get_qkv_projections(attn, hidden_states, text)
             query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
             key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
             if rotary_emb is not None:  # self-attention only: cross-attention has no positions
                 query, key = rotate(query, *rotary_emb), rotate(key, *rotary_emb)
             o = self.options
-            entropy = softmax_entropy(query[:, :: o.query_stride], key, o.chunk_size, o.normalise)
+            rows = query[:, self.text_len :: o.query_stride]  # text_len: the leading video rows skipped
+            entropy = softmax_entropy(rows, key, o.chunk_size, o.normalise)
         self.recorder.add(self.layer, entropy)
         return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
 
@@ -65,14 +74,15 @@ def attention_modules(transformer: nn.Module, keys: str) -> list[Any]:
     blocks = getattr(transformer, "blocks", None)
     if not blocks:
         raise TypeError(f"{type(transformer).__name__} has no Wan transformer blocks to probe")
-    modules = [block.attn2 if keys == "text" else block.attn1 for block in blocks]
-    if any(m.add_k_proj is not None for m in modules):
-        raise NotImplementedError("the attention-entropy probe does not support image-to-video Wan (image context)")
-    return modules
+    return [block.attn2 if keys == "text" else block.attn1 for block in blocks]
 
 
-def entropy_probe(transformer: nn.Module, options: AttentionEntropyOptions) -> AbstractContextManager[EntropyRecorder]:
-    """Install probe processors on the chosen layers (in place of ``WanAttnProcessor`` itself); restore the
-    originals on exit (also on error)."""
+def entropy_probe(
+    transformer: nn.Module, options: AttentionEntropyOptions, skip_rows: int = 0
+) -> AbstractContextManager[EntropyRecorder]:
+    """Install probe processors on the chosen layers (in place of ``WanAttnProcessor`` itself), the first
+    ``skip_rows`` video query rows not measured; restore the originals on exit (also on error)."""
     probes = {WanAttnProcessor: WanEntropyProbeProcessor}
-    return probe_processors(transformer, lambda t: attention_modules(t, options.keys), options, probes)
+    return probe_processors(
+        transformer, lambda t: attention_modules(t, options.keys), options, probes, text_len=skip_rows
+    )
