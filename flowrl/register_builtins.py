@@ -21,6 +21,7 @@ from flowrl.rewards import (  # noqa: F401
     imagereward,
     jpeg,  # noqa: F401
     ocr,
+    pairwise_judge,
     remote,
     win_rate,
 )

@@ -37,26 +37,33 @@ class JudgeSettings:
     on_parse_failure: str
 
 
-def judge_health(endpoint: Endpoint, judge: JudgeSettings) -> dict[str, Any]:
-    """``GET /v1/models``; the configured model must be among those served (an empty ``model`` takes the first)."""
+def judge_health(endpoint: Endpoint, judge: JudgeSettings | str, key: str = "reward.model") -> dict[str, Any]:
+    """``GET /v1/models``; the configured model (``judge``'s, or ``judge`` itself, set at ``key``) must be among
+    those served (an empty one takes the first)."""
+    model = judge if isinstance(judge, str) else judge.model
     found = endpoint.get("/v1/models")
     ids = [m.get("id") for m in found.get("data", [])] if isinstance(found, dict) else []
     if not ids or not all(isinstance(i, str) for i in ids):
         raise RemoteRewardError(f"{endpoint.url}/v1/models lists no model (not an OpenAI-style server?)")
-    if judge.model and judge.model not in ids:
-        raise RemoteRewardError(f"{endpoint.url} serves {', '.join(ids)}, not the model {judge.model!r} (reward.model)")
-    return {"models": ids, "model": judge.model or ids[0]}
+    if model and model not in ids:
+        raise RemoteRewardError(f"{endpoint.url} serves {', '.join(ids)}, not the model {model!r} ({key})")
+    return {"models": ids, "model": model or ids[0]}
+
+
+def chat_body(model: str, images: list[Tensor], text: str, max_tokens: int) -> dict[str, Any]:
+    """A chat-completions body of one user message: the ``images`` (PNG data URLs, in order), then ``text``."""
+    content: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{encode_image(image, 'png')['data']}"}}
+        for image in images
+    ]
+    content.append({"type": "text", "text": text})
+    return {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0,
+            "max_tokens": max_tokens}
 
 
 def chat_request(judge: JudgeSettings, model: str, image: Tensor, prompt: str) -> dict[str, Any]:
     """The chat-completions body asking the judge about one image."""
-    data = encode_image(image, "png")["data"]
-    content = [
-        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
-        {"type": "text", "text": judge.template.replace("{prompt}", prompt)},
-    ]
-    return {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0,
-            "max_tokens": judge.max_tokens}
+    return chat_body(model, [image], judge.template.replace("{prompt}", prompt), judge.max_tokens)
 
 
 def reply_text(answer: Any) -> str:
