@@ -53,6 +53,8 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "world_verifier": ({}, (0.0, 1.0), ()),
     "world_edit_verifier": ({}, (0.0, 1.0), ()),  # edits of the rendered scenes, each scene its source
     "remote": ({}, (0.0, 1.0), ()),  # the world verifier, served on 127.0.0.1 in a thread (served_verifier)
+    # win rates by the world verifier judge; an OpenAI-style judge is the stand-in VLM on 127.0.0.1 (pair_judge)
+    "pairwise_win_rate": ({"judge": {"type": "world_verifier"}}, (0.0, 1.0), ()),
 }
 FLOAT32_TOL, REDUCED_TOL = 1e-4, 3e-2  # see flowrl.conformance.backbones.TOLERANCE
 SCENES = enumerate_scenes("train")[:200:50]  # a single object and relations, all in the tiny models' words
@@ -81,6 +83,17 @@ def served_verifier() -> str:
 _SERVERS: list[Any] = []
 
 
+@functools.cache
+def pair_judge() -> str:
+    """The address of the stand-in pairwise VLM judge (tests/test_pairwise_judge.py) in a daemon thread."""
+    from served import in_thread
+    from test_pairwise_judge import pair_judge_app
+
+    context = in_thread(pair_judge_app())
+    _SERVERS.append(context)
+    return context.__enter__().url
+
+
 def reward_prompts(name: str) -> list[str]:
     if name == "world_edit_verifier":  # an edit of each scene, the scene's rendering its source image
         from flowrl.core.conditions import Condition, Prompt
@@ -96,6 +109,8 @@ def local_reward(name: str, settings: dict[str, Any]) -> tuple[Any, tuple[float,
     local, bounds, modules = REWARDS[name]
     if name == "remote":
         local = {**local, "url": served_verifier(), "retries": 0}
+    if name == "pairwise_win_rate" and settings.get("judge", {}).get("type") == "openai":  # a recipe's served judge
+        local = {"judge": {**settings["judge"], "url": pair_judge(), "retries": 0}}
     for module in modules:
         if not has_module(module):
             pytest.skip(f"reward '{name}' needs {module} (its extra; nox -s extras)")
