@@ -285,7 +285,7 @@ def test_a_bad_judge_table_is_one_line_naming_the_key(override: str, key: str, s
     assert [k for k, _ in problems] == [key] and says in problems[0][1] and "\n" not in problems[0][1]
 
 
-def test_validate_exits_2_with_one_line_for_a_missing_judge(tmp_path: Path) -> None:
+def test_validate_exits_2_with_one_line_without_a_judge_table(tmp_path: Path) -> None:
     text = (ROOT / "recipes" / "pref_grpo.toml").read_text().replace("[reward.judge]\ntype = \"world_verifier\"\n"
                                                                      "margin = 0.0\n", "")
     path = tmp_path / "recipe.toml"
@@ -294,7 +294,8 @@ def test_validate_exits_2_with_one_line_for_a_missing_judge(tmp_path: Path) -> N
                          text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 2
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("  [")]
-    assert len(lines) == 1 and "reward[0].judge" in lines[0] and "missing required key" in lines[0]
+    # without a table the judge is the default, a served VLM, whose address the recipe must give
+    assert len(lines) == 1 and lines[0].startswith("  [reward[0].judge.url] no server address: set url"), lines
 
 
 # -- the world recipe ----------------------------------------------------------------------------------------
@@ -312,3 +313,13 @@ def test_the_world_recipe_trains(tmp_path: Path) -> None:
         assert 0.0 <= row["reward/verifier"] <= 1.0 and row["reward/total"] == row["reward/pairwise"]
         assert row["advantage/abs_mean"] > 0 and math.isfinite(row["loss"]) and row["grad_norm"] > 0
         assert row["skipped_steps"] == 0
+
+
+def test_a_group_wise_reward_is_not_served() -> None:
+    """A served reward gets chunks of images (the client's batch_size), which could split a group."""
+    from flowrl.cli.serve import build_reward
+    from flowrl.core.convert import ConfigError
+
+    with pytest.raises(ConfigError, match="'pairwise_win_rate' is a group-wise reward, .* cannot be served"):
+        build_reward("pairwise_win_rate", ["judge={type=\"world_verifier\"}"])
+    assert not isinstance(build_reward("world_verifier", []), GroupReward)  # a pointwise reward still serves

@@ -84,7 +84,10 @@ class PairwiseWinRate(GroupReward):
 
     @attrs.frozen
     class Config:
-        judge: dict[str, Any] = attrs.field(converter=judge_table, validator=check_judge)  # [reward.judge]
+        # [reward.judge]: the judge and its settings; by default the paper's, a VLM served behind an OpenAI-style API
+        # (whose url a recipe must then set)
+        judge: dict[str, Any] = attrs.field(factory=lambda: {"type": "openai"}, converter=judge_table,
+                                            validator=check_judge)
         both_orders: bool = False  # ask (i, j) and (j, i) and average: no position bias, twice the judge calls
 
     @staticmethod
