@@ -26,7 +26,7 @@ from flowrl.conformance import check_judge, check_reward
 from flowrl.core.group_rewards import GroupReward
 from flowrl.core.interfaces import RewardError
 from flowrl.core.judges import PairwiseJudge
-from flowrl.core.types import Conditioning, RewardBatch, Rollout, Transitions
+from flowrl.core.types import Conditioning, Rollout, Transitions
 from flowrl.parts.advantages import GroupNorm, batch_whiten, group_normalize
 from flowrl.rewards.built import BuiltReward
 from flowrl.rewards.frames import score_pictures

@@ -101,7 +101,8 @@ def check_judge(judge: PairwiseJudge, first: Tensor, second: Tensor, prompts: Se
     verdicts = judge.compare(first, second, prompts)
     require(isinstance(verdicts, Tensor) and verdicts.is_floating_point() and tuple(verdicts.shape) == (k,), judge,
             f"compare must return a float tensor of shape ({k},), one verdict per pair")
-    require(torch.equal(first, before[0]) and torch.equal(second, before[1]), judge, "compare must not change the images")
+    unchanged = torch.equal(first, before[0]) and torch.equal(second, before[1])
+    require(unchanged, judge, "compare must not change the images")
     require(bool(((verdicts >= 0) & (verdicts <= 1)).all()), judge,
             f"verdicts must lie in [0, 1], got {verdicts.tolist()}")
     require(torch.equal(judge.compare(first, second, prompts), verdicts), judge,

@@ -11,8 +11,6 @@ Each call hands the reward its own copy of the pictures and prompts: a reward th
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
@@ -35,18 +33,17 @@ def score_pictures(model: RewardModel, images: Tensor, prompts: list[str], group
     ``groups`` (one id per picture: ``Rollout.group``) goes to a group-wise reward
     (:class:`~flowrl.core.group_rewards.GroupReward`), which scores each group together; for the frames of clips,
     frame ``f`` of a group's clips is a group of its own, and a clip's score the mean over its frames."""
-    if groups is not None and isinstance(model, GroupReward):
-        score = functools.partial(model.score_groups, groups=groups)
-    else:
-        score = model.score
     if not is_clip(images) or model.video:
-        return score(images.clone(), list(prompts))
+        if groups is not None and isinstance(model, GroupReward):
+            return model.score_groups(images.clone(), list(prompts), groups)
+        return model.score(images.clone(), list(prompts))
     frames, repeated, k = _frames(model, images, prompts)
     if groups is not None and isinstance(model, GroupReward):
         ids = torch.unique(groups.cpu(), return_inverse=True)[1]  # 0 .. n-1, so that id * k + frame is unique
         per_frame = ids.repeat_interleave(k) * k + torch.arange(k).repeat(images.shape[0])
-        score = functools.partial(model.score_groups, groups=per_frame)
-    scores = score(frames, repeated)
+        scores = model.score_groups(frames, repeated, per_frame)
+    else:
+        scores = model.score(frames, repeated)
     if not isinstance(scores, Tensor) or scores.shape != (frames.shape[0],):
         return scores  # the caller reports the wrong type or shape
     return scores.reshape(images.shape[0], k).mean(1)
