@@ -50,7 +50,7 @@ def rgb(condition: Any) -> Tensor:
 @register("judge", "openai")
 class OpenAIPairJudge(PairwiseJudge):
     """A vision-language judge served behind an OpenAI-style chat API: both images in one request, its verdict read
-    from the reply with ``verdict_regex`` (docs/rewards.md, "Pairwise judges")."""
+    from the reply with ``verdict_regex`` (docs/rewards.md, "Judges")."""
 
     @attrs.frozen
     class Config:

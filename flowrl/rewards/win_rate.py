@@ -54,7 +54,7 @@ def judge_table(value: Any) -> dict[str, Any]:
 
 
 def check_judge(_instance: object, _attribute: object, value: Any) -> None:
-    """The judge table as a validator, so that its problems are listed with the recipe's others."""
+    # the judge table as a validator, so that its problems are listed with the recipe's others
     judge_table(value)
 
 
