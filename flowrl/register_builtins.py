@@ -24,8 +24,10 @@ from flowrl.rewards import (  # noqa: F401
     imagereward,
     jpeg,  # noqa: F401
     ocr,
+    pairwise_judge,
     preservation,
     remote,
+    win_rate,
 )
 from flowrl.suites import builtin as builtin_suites  # noqa: F401
 from flowrl.suites import dpgbench as dpgbench_suite  # noqa: F401
@@ -36,3 +38,4 @@ from flowrl.suites import unigenbench as unigenbench_suite  # noqa: F401
 from flowrl.suites import world_edit as world_edit_suite  # noqa: F401
 from flowrl.world import components as world_components  # noqa: F401
 from flowrl.world import edit_base, edit_components  # noqa: F401
+from flowrl.world import judge as world_judge  # noqa: F401

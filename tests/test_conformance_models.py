@@ -57,6 +57,8 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "edit_judge": ({}, (0.0, 1.0), ()),  # a stand-in OpenAI-style judge on 127.0.0.1 (stand_in_judge)
     "edit_preservation": ({}, (-1.0, 1.0), ()),  # SSIM
     "edit_feature_similarity": ({"device": "cpu"}, (-1.0, 1.0), ()),  # a cosine; a tiny DINOv2 (tiny_features)
+    # win rates by the world verifier judge; an OpenAI-style judge is the stand-in VLM on 127.0.0.1 (pair_judge)
+    "pairwise_win_rate": ({"judge": {"type": "world_verifier"}}, (0.0, 1.0), ()),
 }
 # scored against an edit of each scene, the scene its source
 EDIT_REWARDS = ("world_edit_verifier", "edit_judge", "edit_preservation", "edit_feature_similarity")
@@ -110,6 +112,17 @@ def stand_in_judge() -> str:
     return context.__enter__().url
 
 
+@functools.cache
+def pair_judge() -> str:
+    """The address of the stand-in pairwise VLM judge (tests/test_pairwise_judge.py) in a daemon thread."""
+    from served import in_thread
+    from test_pairwise_judge import pair_judge_app
+
+    context = in_thread(pair_judge_app())
+    _SERVERS.append(context)
+    return context.__enter__().url
+
+
 def first_frame_prompts(texts: list[str]) -> list[str]:
     """``texts`` each with a rendered world scene as its condition image (a first frame, a source)."""
     from flowrl.core.conditions import Condition, Prompt
@@ -139,6 +152,8 @@ def local_reward(name: str, settings: dict[str, Any]) -> tuple[Any, tuple[float,
         local = {**local, "url": stand_in_judge(), "retries": 0}
     if name == "edit_feature_similarity":
         local = {**local, "model": tiny_features()}
+    if name == "pairwise_win_rate" and settings.get("judge", {}).get("type") == "openai":  # a recipe's served judge
+        local = {"judge": {**settings["judge"], "url": pair_judge(), "retries": 0}}
     for module in modules:
         if not has_module(module):
             pytest.skip(f"reward '{name}' needs {module} (its extra; nox -s extras)")

@@ -24,7 +24,8 @@ from flowrl.trainer import train
 
 EDIT_REWARD = [{"type": "world_edit_verifier"}]
 # the rewards that read the source
-SOURCE_READERS = ("world_edit_verifier", "edit_judge", "edit_preservation", "edit_feature_similarity")
+SOURCE_READERS = ("world_edit_verifier", "edit_judge", "edit_preservation", "edit_feature_similarity",
+                  "first_frame_consistency")
 
 
 def _recipe(prompts: dict, reward: list[dict] = EDIT_REWARD, **extra: object) -> dict:

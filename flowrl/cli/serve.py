@@ -42,9 +42,14 @@ def build_reward(name: str, settings: list[str]) -> Any:
     """The reward ``name`` with ``key=value`` settings (``reward.key=value`` too), validated and checked."""
     from flowrl.config.recipe import apply_override
     from flowrl.core.convert import ConfigError, structure
+    from flowrl.core.group_rewards import GroupReward
     from flowrl.core.registry import registry
 
     cls: Any = registry("reward").get(name)
+    if issubclass(cls, GroupReward):  # the client sends chunks of batch_size images, which can split a group
+        raise ConfigError([("reward", f"'{name}' is a group-wise reward, which scores each group of a rollout "
+                                      "together and cannot be served (a served reward gets chunks of images that "
+                                      "may split a group); use it in the training process")])
     data: dict[str, Any] = {}
     problems: list[tuple[str, str]] = []
     for item in settings:

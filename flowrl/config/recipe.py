@@ -263,7 +263,9 @@ def cross_checks(recipe: Recipe) -> Iterable[tuple[str, str]]:
                                   "are untested under torch.compile); use 'off' with sharding")
     yield from update_checks(recipe)
     yield from capability_checks(recipe)
-    yield from composition_checks(recipe.parts)  # what each part provides and requires of the others
+    # what each part provides and requires of the others; the rewards too (a group-wise reward needs groups it can use)
+    rewards = {f"reward[{i}]" if len(recipe.rewards) > 1 else "reward": r for i, r in enumerate(recipe.rewards)}
+    yield from composition_checks({**recipe.parts, **rewards})
     for table, part in recipe.parts.items():
         yield from ((f"{table}.{key}" if key else table, msg) for key, msg in part.cls.check_config(part.config))
     for i, reward in enumerate(recipe.rewards):

@@ -12,6 +12,7 @@ A plugin author runs them on a new part in an ordinary test::
     check_advantage(MyEstimator(MyEstimator.Config()), rollout, {"hps": 1.0})  # a rollout of its sampler
     check_loss(MyLoss(MyLoss.Config()))  # a PolicyLoss or a ForwardProcessLoss
     check_reward(MyReward(MyReward.Config()), images, prompts, bounds=(0.0, 1.0))
+    check_judge(MyJudge(MyJudge.Config()), first, second, prompts)
     check_backbone(lambda: MyBackbone(MyBackbone.Config()), prompts)
 
 Each check raises :class:`ConformanceError` naming the part and the rule that was broken; flowrl's own test
@@ -25,13 +26,14 @@ from flowrl.conformance.backbones import check_backbone
 from flowrl.conformance.common import ConformanceError
 from flowrl.conformance.losses import check_forward_process_loss, check_loss, check_policy_loss
 from flowrl.conformance.plans import check_kernel, check_sampler, check_selector
-from flowrl.conformance.rewards import check_reward
+from flowrl.conformance.rewards import check_judge, check_reward
 
 __all__ = [
     "ConformanceError",
     "check_advantage",
     "check_backbone",
     "check_forward_process_loss",
+    "check_judge",
     "check_kernel",
     "check_loss",
     "check_policy_loss",

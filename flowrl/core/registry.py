@@ -19,7 +19,7 @@ import attrs
 
 from flowrl.core.errors import UserError
 
-KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts", "suite")
+KINDS = ("selector", "sampler", "advantage", "reward", "loss", "kernel", "backbone", "prompts", "suite", "judge")
 PLUGIN_GROUP = "flowrl.plugins"
 BUILTINS = "builtins"  # the entry point naming flowrl's own parts (pyproject.toml)
 BUILTINS_MODULE = "flowrl.register_builtins"
@@ -196,9 +196,10 @@ def build(kind: str, spec: Mapping[str, Any]) -> Any:
 
 
 def _init_registries() -> None:
-    """The kinds whose interfaces are in :mod:`flowrl.core.interfaces`; ``suite`` is added by ``flowrl.suites``
-    (:func:`add_kind`), which ``import flowrl`` imports."""
+    """The kinds whose interfaces are in :mod:`flowrl.core.interfaces` (``judge``: :mod:`flowrl.core.judges`);
+    ``suite`` is added by ``flowrl.suites`` (:func:`add_kind`), which ``import flowrl`` imports."""
     from flowrl.core import interfaces as i
+    from flowrl.core.judges import PairwiseJudge
 
     for kind, interface in (
         ("selector", i.TimestepSelector),
@@ -209,6 +210,7 @@ def _init_registries() -> None:
         ("kernel", i.TransitionKernel),
         ("backbone", i.Backbone),
         ("prompts", i.PromptSource),
+        ("judge", PairwiseJudge),
     ):
         _REGISTRIES[kind] = Registry(kind, interface)
 

@@ -11,8 +11,10 @@ Each call hands the reward its own copy of the pictures and prompts: a reward th
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
+from flowrl.core.group_rewards import GroupReward
 from flowrl.core.interfaces import RewardModel
 from flowrl.utils.video import frame_indices, is_clip
 
@@ -25,12 +27,23 @@ def _frames(model: RewardModel, clips: Tensor, prompts: list[str]) -> tuple[Tens
     return images, [p for p in prompts for _ in range(k)], k
 
 
-def score_pictures(model: RewardModel, images: Tensor, prompts: list[str]) -> Tensor:
-    """``model.score`` of images, of whole clips for a video reward, else the mean over each clip's frames."""
+def score_pictures(model: RewardModel, images: Tensor, prompts: list[str], groups: Tensor | None = None) -> Tensor:
+    """``model.score`` of images, of whole clips for a video reward, else the mean over each clip's frames.
+
+    ``groups`` (one id per picture: ``Rollout.group``) goes to a group-wise reward
+    (:class:`~flowrl.core.group_rewards.GroupReward`), which scores each group together; for the frames of clips,
+    frame ``f`` of a group's clips is a group of its own, and a clip's score the mean over its frames."""
     if not is_clip(images) or model.video:
+        if groups is not None and isinstance(model, GroupReward):
+            return model.score_groups(images.clone(), list(prompts), groups)
         return model.score(images.clone(), list(prompts))
     frames, repeated, k = _frames(model, images, prompts)
-    scores = model.score(frames, repeated)
+    if groups is not None and isinstance(model, GroupReward):
+        ids = torch.unique(groups.cpu(), return_inverse=True)[1]  # 0 .. n-1, so that id * k + frame is unique
+        per_frame = ids.repeat_interleave(k) * k + torch.arange(k).repeat(images.shape[0])
+        scores = model.score_groups(frames, repeated, per_frame)
+    else:
+        scores = model.score(frames, repeated)
     if not isinstance(scores, Tensor) or scores.shape != (frames.shape[0],):
         return scores  # the caller reports the wrong type or shape
     return scores.reshape(images.shape[0], k).mean(1)

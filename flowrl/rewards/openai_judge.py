@@ -37,17 +37,17 @@ class JudgeSettings:
     on_parse_failure: str
 
 
-def judge_health(endpoint: Endpoint, judge: JudgeSettings | str) -> dict[str, Any]:
-    """``GET /v1/models``; the configured model (``judge.model``, or a model name) must be among those served (an
-    empty one takes the first)."""
-    wanted = judge if isinstance(judge, str) else judge.model
+def judge_health(endpoint: Endpoint, judge: JudgeSettings | str, key: str = "reward.model") -> dict[str, Any]:
+    """``GET /v1/models``; the configured model (``judge``'s, or ``judge`` itself, set at ``key``) must be among
+    those served (an empty one takes the first)."""
+    model = judge if isinstance(judge, str) else judge.model
     found = endpoint.get("/v1/models")
     ids = [m.get("id") for m in found.get("data", [])] if isinstance(found, dict) else []
     if not ids or not all(isinstance(i, str) for i in ids):
         raise RemoteRewardError(f"{endpoint.url}/v1/models lists no model (not an OpenAI-style server?)")
-    if wanted and wanted not in ids:
-        raise RemoteRewardError(f"{endpoint.url} serves {', '.join(ids)}, not the model {wanted!r} (reward.model)")
-    return {"models": ids, "model": wanted or ids[0]}
+    if model and model not in ids:
+        raise RemoteRewardError(f"{endpoint.url} serves {', '.join(ids)}, not the model {model!r} ({key})")
+    return {"models": ids, "model": model or ids[0]}
 
 
 def png_part(data: str) -> dict[str, Any]:

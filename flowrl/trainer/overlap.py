@@ -97,7 +97,7 @@ class OverlappedSampler(RolloutSampler):
 
     def _score(self, part: Rollout) -> dict[str, Tensor]:
         texts = part.rollout_texts()
-        return {r.name: score_pictures(r.model, part.images, texts) for r in self.rewards}
+        return {r.name: score_pictures(r.model, part.images, texts, part.group) for r in self.rewards}
 
     def rollout(self, backbone: Any, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG) -> Rollout:
         self.wait()

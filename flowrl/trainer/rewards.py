@@ -65,7 +65,8 @@ def score_rollout(rewards: list[BuiltReward], rollout: Rollout, precomputed: Pre
         try:
             raw = precomputed(name, images) if precomputed is not None else None
             if raw is None:
-                raw = score_pictures(reward, images, texts)  # a clip: the mean over its frames (or the clip)
+                # a clip: the mean over its frames (or the clip); a group-wise reward scores each group together
+                raw = score_pictures(reward, images, texts, rollout.group)
         except (Exception, SystemExit) as error:  # sys.exit() in a reward is its failure, not the run's end
             raise RewardError(f"reward '{name}' ({type(reward).__name__}) failed: {part_failure(error)}") from error
         if not isinstance(raw, torch.Tensor):
