@@ -1,0 +1,86 @@
+"""Offline Diffusion-DPO: a "sampler" that reads preference pairs from a file instead of generating images."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+from torch import Tensor
+
+from flowrl import register
+from flowrl.core.contracts import needs
+from flowrl.core.extras import PerRollout
+from flowrl.core.interfaces import Backbone, RolloutSampler
+from flowrl.core.rng import RolloutRNG
+from flowrl.core.types import Plan, Rollout, Schedule
+from flowrl.parts.samplers.walk import empty_transitions
+from flowrl_zoo.diffusion_dpo.preferences import PreferenceFileError, PreferencePair, read_preferences
+
+LABEL = "preference"  # Rollout.extras key: +1 for a preferred image, -1 for a rejected one
+
+
+def pair_latents(backbone: Backbone, images: Tensor, first: PreferencePair) -> Tensor:
+    """Clean latents of ``images`` (``(B, 3, H, W)`` in [0, 1]) by the backbone's ``encode_images``; a
+    :class:`PreferenceFileError` when the backbone has none or the images are not of the size it makes."""
+    encode = getattr(backbone, "encode_images", None)
+    name = type(backbone).__name__
+    try:
+        if encode is None:
+            raise NotImplementedError
+        latents: Tensor = encode(images)
+    except NotImplementedError:
+        raise PreferenceFileError(
+            f"[sampler] preference_file: backbone {name} cannot turn images into latents (encode_images), which"
+            " offline pairs need; use a pixel-space backbone such as world_tiny"
+        ) from None
+    if tuple(latents.shape[1:]) != tuple(backbone.latent_shape()):
+        w, h = first.chosen.size
+        raise PreferenceFileError(
+            f"{first.where}: the images are {w}x{h}, which backbone {name} does not make (latents"
+            f" {tuple(latents.shape[1:])}, expected {tuple(backbone.latent_shape())}); give images of its resolution"
+        )
+    return latents
+
+
+@register("sampler", "preference_file")
+class PreferenceFile(RolloutSampler):
+    """Preference pairs from a JSONL file (offline Diffusion-DPO): no image is generated and no transformer runs.
+
+    Each prompt slot of an iteration draws one record of the file (uniformly, with replacement, from the slot's own
+    random stream) and becomes a group of two rollouts, the preferred image then the rejected one, with their
+    latents as ``final_latents`` and ``extras["preference"]`` = +1 / -1 (the ``preference`` estimator's
+    advantages). The prompt source sets how many pairs an iteration trains (``trainer.prompts_per_step``) and the
+    held-out evaluation; its training prompts' texts are not used: the records' prompts are. The file is read and
+    every image checked when the sampler is built, before any model loads
+    (:func:`~flowrl_zoo.diffusion_dpo.preferences.read_preferences`).
+    """
+
+    provides = frozenset({"preference_labels"})
+    requires = (
+        needs("forward_process_loss", "the pairs are finished images with no sampling steps to train"),
+    )
+
+    @attrs.frozen
+    class Config:
+        path: str = attrs.field(validator=attrs.validators.min_len(1))  # the JSONL file; relative: working directory
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.pairs = read_preferences(config.path)
+
+    def rollout_count(self, plan: Plan, num_prompts: int) -> int:
+        return 2 * num_prompts
+
+    def rollout(
+        self, backbone: Backbone, prompts: list[str], plan: Plan, schedule: Schedule, rng: RolloutRNG
+    ) -> Rollout:
+        index = [int(torch.randint(len(self.pairs), (1,), generator=g)) for g in rng.generators[: len(prompts)]]
+        records = [self.pairs[i] for i in index]
+        images = torch.stack([img.tensor() for r in records for img in (r.chosen, r.rejected)])
+        latents = pair_latents(backbone, images, self.pairs[0])
+        texts = [r.prompt for r in records]
+        rows = torch.arange(len(records)).repeat_interleave(2)
+        labels = torch.tensor([1.0, -1.0]).repeat(len(records))
+        return Rollout(
+            prompts=texts, cond=backbone.encode(texts), images=images, rollout_prompt=rows, group=rows.clone(),
+            transitions=empty_transitions(), nfe=0, final_latents=latents, extras={LABEL: PerRollout(labels)},
+        )
