@@ -32,11 +32,11 @@ def pair_latents(backbone: Backbone, images: Tensor, first: PreferencePair) -> T
             f"[sampler] preference_file: backbone {name} cannot turn images into latents (encode_images), which"
             " offline pairs need; use a pixel-space backbone such as world_tiny"
         ) from None
-    if tuple(latents.shape[1:]) != tuple(backbone.latent_shape()):
+    if tuple(latents.shape[1:]) != tuple(backbone.latent_shape):
         w, h = first.chosen.size
         raise PreferenceFileError(
             f"{first.where}: the images are {w}x{h}, which backbone {name} does not make (latents"
-            f" {tuple(latents.shape[1:])}, expected {tuple(backbone.latent_shape())}); give images of its resolution"
+            f" {tuple(latents.shape[1:])}, expected {tuple(backbone.latent_shape)}); give images of its resolution"
         )
     return latents
 
