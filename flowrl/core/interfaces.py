@@ -339,6 +339,11 @@ class RewardModel(Component, ABC):
 class AdvantageEstimator(Component, ABC):
     """Turns rewards and the rollout structure into one advantage per rollout."""
 
+    # False: the advantages come with the rollouts (a sampler's labels in Rollout.extras, such as offline
+    # preference pairs), not from the rewards, which are only logged; the conformance rules then hold the
+    # advantages to not depending on the rewards instead of to the rules of reward-driven estimators.
+    reads_rewards: bool = True
+
     @abstractmethod
     def __call__(self, rewards: RewardBatch, rollout: Rollout) -> Advantages:
         """Advantages for every rollout."""

@@ -5,7 +5,7 @@ from flowrl_zoo.diffusion_dpo.estimator import PreferenceLabels
 from flowrl_zoo.diffusion_dpo.loss import DiffusionDPOLoss, dpo_loss, flow_errors, paired
 from flowrl_zoo.diffusion_dpo.pairs import preference_rows
 from flowrl_zoo.diffusion_dpo.preferences import PreferenceFileError, PreferencePair, read_preferences
-from flowrl_zoo.diffusion_dpo.sampler import PreferenceFile, pair_latents
+from flowrl_zoo.diffusion_dpo.sampler import PreferenceFile, image_side, pair_latents
 from flowrl_zoo.diffusion_dpo.times import pair_times
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "PreferencePair",
     "dpo_loss",
     "flow_errors",
+    "image_side",
     "pair_latents",
     "pair_times",
     "paired",

@@ -18,6 +18,7 @@ class PreferenceLabels(AdvantageEstimator):
     rejected), whatever the rewards (which are still scored and logged: on the world, how the file's images fare).
     Diffusion-DPO then pairs the +1 image with the -1 image of each record."""
 
+    reads_rewards = False  # the labels came with the pairs
     requires = (needs("preference_labels", "the labels come with offline pairs (sampler 'preference_file')"),)
 
     @attrs.frozen

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from flowrl import register
+from flowrl.core.conditions import fit_square
 from flowrl.core.contracts import needs
 from flowrl.core.extras import PerRollout
 from flowrl.core.interfaces import Backbone, RolloutSampler
@@ -18,26 +19,34 @@ from flowrl_zoo.diffusion_dpo.preferences import PreferenceFileError, Preference
 LABEL = "preference"  # Rollout.extras key: +1 for a preferred image, -1 for a rejected one
 
 
-def pair_latents(backbone: Backbone, images: Tensor, first: PreferencePair) -> Tensor:
-    """Clean latents of ``images`` (``(B, 3, H, W)`` in [0, 1]) by the backbone's ``encode_images``; a
-    :class:`PreferenceFileError` when the backbone has none or the images are not of the size it makes."""
+def image_side(backbone: Backbone) -> int:
+    """The side of the square images the backbone makes (one decode of a noise latent); a
+    :class:`PreferenceFileError` for a base whose images are not square."""
+    with torch.no_grad():
+        shape = tuple(backbone.decode(backbone.noise(1, torch.Generator().manual_seed(0))).shape)
+    if len(shape) != 4 or shape[-1] != shape[-2]:
+        raise PreferenceFileError(
+            f"[sampler] preference_file: backbone {type(backbone).__name__} makes images of shape {shape[1:]}; offline"
+            " pairs are fitted to square images only"
+        )
+    return int(shape[-1])
+
+
+def pair_latents(backbone: Backbone, images: Tensor) -> Tensor:
+    """Clean latents of ``images`` (``(B, 3, H, W)`` in [0, 1], the backbone's size) by the backbone's
+    ``encode_images``; a :class:`PreferenceFileError` when it has none."""
     encode = getattr(backbone, "encode_images", None)
-    name = type(backbone).__name__
     try:
         if encode is None:
             raise NotImplementedError
         latents: Tensor = encode(images)
     except NotImplementedError:
         raise PreferenceFileError(
-            f"[sampler] preference_file: backbone {name} cannot turn images into latents (encode_images), which"
-            " offline pairs need; use a pixel-space backbone such as world_tiny"
+            f"[sampler] preference_file: backbone {type(backbone).__name__} cannot turn images into latents"
+            " (encode_images), which offline pairs need; use a pixel-space backbone such as world_tiny"
         ) from None
-    if tuple(latents.shape[1:]) != tuple(backbone.latent_shape):
-        w, h = first.chosen.size
-        raise PreferenceFileError(
-            f"{first.where}: the images are {w}x{h}, which backbone {name} does not make (latents"
-            f" {tuple(latents.shape[1:])}, expected {tuple(backbone.latent_shape)}); give images of its resolution"
-        )
+    if tuple(latents.shape[1:]) != tuple(backbone.latent_shape):  # an encoder that disagrees with its own base
+        raise ValueError(f"encode_images gave latents {tuple(latents.shape[1:])}, expected {backbone.latent_shape}")
     return latents
 
 
@@ -48,7 +57,9 @@ class PreferenceFile(RolloutSampler):
     Each prompt slot of an iteration draws one record of the file (uniformly, with replacement, from the slot's own
     random stream) and becomes a group of two rollouts, the preferred image then the rejected one, with their
     latents as ``final_latents`` and ``extras["preference"]`` = +1 / -1 (the ``preference`` estimator's
-    advantages). The prompt source sets how many pairs an iteration trains (``trainer.prompts_per_step``) and the
+    advantages). Images of another size than the backbone's are scaled (bicubic) so their short side is its side,
+    then centre-cropped (the rule for condition images); the backbone must turn images into latents
+    (``encode_images``: the pixel-space bases, world_tiny among them). The prompt source sets how many pairs an iteration trains (``trainer.prompts_per_step``) and the
     held-out evaluation; its training prompts' texts are not used: the records' prompts are. The file is read and
     every image checked when the sampler is built, before any model loads
     (:func:`~flowrl_zoo.diffusion_dpo.preferences.read_preferences`).
@@ -66,6 +77,7 @@ class PreferenceFile(RolloutSampler):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.pairs = read_preferences(config.path)
+        self.side: int | None = None  # the backbone's image side, found at the first rollout
 
     def rollout_count(self, plan: Plan, num_prompts: int) -> int:
         return 2 * num_prompts
@@ -75,8 +87,11 @@ class PreferenceFile(RolloutSampler):
     ) -> Rollout:
         index = [int(torch.randint(len(self.pairs), (1,), generator=g)) for g in rng.generators[: len(prompts)]]
         records = [self.pairs[i] for i in index]
-        images = torch.stack([img.tensor() for r in records for img in (r.chosen, r.rejected)])
-        latents = pair_latents(backbone, images, self.pairs[0])
+        if self.side is None:
+            self.side = image_side(backbone)
+        side = self.side
+        images = torch.stack([fit_square(img, side) for r in records for img in (r.chosen, r.rejected)])
+        latents = pair_latents(backbone, images)
         texts = [r.prompt for r in records]
         rows = torch.arange(len(records)).repeat_interleave(2)
         labels = torch.tensor([1.0, -1.0]).repeat(len(records))
