@@ -72,10 +72,12 @@ class PreferenceFile(RolloutSampler):
 
     @attrs.frozen
     class Config:
-        path: str = attrs.field(validator=attrs.validators.min_len(1))  # the JSONL file; relative: working directory
+        path: str = ""  # the JSONL preference file (required); relative: to the working directory
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
+        if not config.path:  # checked here, not in the recipe check, so that the composition page can try the part
+            raise PreferenceFileError("[sampler.path] give the preference file (JSONL: prompt, chosen, rejected)")
         self.pairs = read_preferences(config.path)
         self.side: int | None = None  # the backbone's image side, found at the first rollout
 
