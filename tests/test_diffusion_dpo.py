@@ -23,7 +23,7 @@ from flowrl_zoo.diffusion_dpo import (
     preference_rows,
     read_preferences,
 )
-from flowrl_zoo.diffusion_dpo.world_pairs import write_world_pairs
+from flowrl_zoo.diffusion_dpo.world_pairs import write_world_edit_pairs, write_world_pairs
 from PIL import Image
 
 import flowrl
@@ -278,15 +278,22 @@ def test_conformance_catches_a_reversed_preference() -> None:
 
 
 # -- the preference file ---------------------------------------------------------------------------
-def test_shipped_pairs_are_the_generator_output(tmp_path: Path) -> None:
-    path = write_world_pairs(tmp_path / "pairs")
-    shipped = ROOT / "recipes" / "data" / "dpo_world"
+@pytest.mark.parametrize("edit", [False, True])
+def test_shipped_pairs_are_the_generator_output(tmp_path: Path, edit: bool) -> None:
+    path = (write_world_edit_pairs if edit else write_world_pairs)(tmp_path / "pairs")
+    shipped = ROOT / "recipes" / "data" / ("dpo_world_edit" if edit else "dpo_world")
     assert path.read_text() == (shipped / "pairs.jsonl").read_text()
-    for image in sorted((tmp_path / "pairs" / "img").iterdir()):
+    made = sorted((tmp_path / "pairs" / "img").iterdir())
+    assert [p.name for p in made] == sorted(p.name for p in (shipped / "img").iterdir())
+    for image in made:
         assert image.read_bytes() == (shipped / "img" / image.name).read_bytes()
-    assert sum(p.stat().st_size for p in shipped.rglob("*") if p.is_file()) < 200_000
+    assert sum(p.stat().st_size for p in shipped.rglob("*") if p.is_file()) < 100_000
     pairs = read_preferences(str(path))
     assert len(pairs) == 16 and pairs[0].chosen.size == (32, 32)
+    conditions = [flowrl.core.conditions.conditions_of(p.prompt) for p in pairs]
+    assert all(len(c) == (1 if edit else 0) for c in conditions)
+    if edit:  # the condition is the source, which is the rejected image: the edit not done
+        assert all(c[0] == p.rejected and c[0] != p.chosen for c, p in zip(conditions, pairs, strict=True))
 
 
 def write_file(folder: Path, lines: list[object]) -> Path:

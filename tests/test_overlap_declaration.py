@@ -38,6 +38,7 @@ BEFORE = {
     "mix_grpo_flash": False,
     "branch_tree": False,
     "aegpo_allocate": False,
+    "preference_file": False,
 }
 
 

@@ -74,10 +74,12 @@ class PreferenceFile(RolloutSampler):
     class Config:
         path: str = ""  # the JSONL preference file (required); relative: to the working directory
 
+    @staticmethod
+    def check_config(config: PreferenceFile.Config) -> list[tuple[str, str]]:
+        return [] if config.path else [("path", "give the preference file (JSONL: prompt, chosen, rejected)")]
+
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        if not config.path:  # checked here, not in the recipe check, so that the composition page can try the part
-            raise PreferenceFileError("[sampler.path] give the preference file (JSONL: prompt, chosen, rejected)")
         self.pairs = read_preferences(config.path)
         self.side: int | None = None  # the backbone's image side, found at the first rollout
 
