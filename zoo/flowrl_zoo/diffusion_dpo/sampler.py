@@ -14,7 +14,7 @@ from flowrl.core.interfaces import Backbone, RolloutSampler
 from flowrl.core.rng import RolloutRNG
 from flowrl.core.types import Plan, Rollout, Schedule
 from flowrl.parts.samplers.walk import empty_transitions
-from flowrl_zoo.diffusion_dpo.preferences import PreferenceFileError, PreferencePair, read_preferences
+from flowrl_zoo.diffusion_dpo.preferences import PreferenceFileError, read_preferences
 
 LABEL = "preference"  # Rollout.extras key: +1 for a preferred image, -1 for a rejected one
 
@@ -59,10 +59,10 @@ class PreferenceFile(RolloutSampler):
     latents as ``final_latents`` and ``extras["preference"]`` = +1 / -1 (the ``preference`` estimator's
     advantages). Images of another size than the backbone's are scaled (bicubic) so their short side is its side,
     then centre-cropped (the rule for condition images); the backbone must turn images into latents
-    (``encode_images``: the pixel-space bases, world_tiny among them). The prompt source sets how many pairs an iteration trains (``trainer.prompts_per_step``) and the
-    held-out evaluation; its training prompts' texts are not used: the records' prompts are. The file is read and
-    every image checked when the sampler is built, before any model loads
-    (:func:`~flowrl_zoo.diffusion_dpo.preferences.read_preferences`).
+    (``encode_images``: the pixel-space bases, world_tiny among them). The prompt source sets how many pairs an
+    iteration trains (``trainer.prompts_per_step``) and the held-out evaluation; its training prompts' texts are
+    not used: the records' prompts are. The file is read and every image checked when the sampler is built,
+    before any model loads (:func:`~flowrl_zoo.diffusion_dpo.preferences.read_preferences`).
     """
 
     provides = frozenset({"preference_labels"})
