@@ -17,10 +17,13 @@ from flowrl.backbones import (  # noqa: F401  (each base package registers its a
 from flowrl.parts.samplers import anchor_branch, independent  # noqa: F401
 from flowrl.rewards import (  # noqa: F401
     clip_rewards,
+    edit_judge,
+    feature_preservation,
     hps,
     imagereward,
     jpeg,  # noqa: F401
     ocr,
+    preservation,
     remote,
 )
 from flowrl.suites import builtin as builtin_suites  # noqa: F401

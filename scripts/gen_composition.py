@@ -203,6 +203,8 @@ NOTES: dict[tuple[str, str], str] = {
     ("dance_random_subset", "anchor_branch"): "a branching sampler jumps only at the trained units; the plan's "
     "untrained SDE units are ODE steps of the anchor.",
     ("dance_random_subset", "tempflow_branch"): "as with `anchor_branch`: only the trained units are branched.",
+    ("dance_random_subset", "iso_temporal"): "each prompt draws its one SDE step from the trained units; the "
+    "untrained ones are ODE steps.",
     ("flow_grpo_prefix", "mix_grpo_flash"): "the window reaches the end of the grid, so the coarse tail is empty: "
     "the rollouts are `independent`'s.",
     ("dance_random_subset", "mix_grpo_flash"): "as with `flow_grpo_prefix`: no tail, `independent`'s rollouts.",

@@ -103,7 +103,9 @@ def paper_scale_cases(attention: str) -> list[tuple[str, dict[str, Any]]]:
     256 px), Wan 2.1 at 240 x 416 with 33 frames (9 latent frames of 15 x 26 tokens = 3,510; the twin's 8 px a
     token and WanPipeline's multiple of 16: 128 x 208, 16 x 26 tokens a frame, 3,744 in all). Widths of 1,536
     (12 heads of 128) and 8 to 12 blocks: 0.5-1.5B parameters, enough for the GPU's kernels to dominate as they
-    do at full size; steps, group and guidance are the recipes'.
+    do at full size; steps, group and guidance are the recipes'. Qwen-Image-Edit is Qwen-Image's transformer at
+    512 px with the source's 1,024 tokens appended (2,048 image tokens a forward) and the 12 steps of
+    recipes/qwen_image/flow_grpo_edit_pickscore.toml, on the world's edit prompts.
     """
     wide = {"attention_head_dim": 128, "num_attention_heads": 12, "dtype": "bfloat16", "max_sequence_length": 64}
     qwen = {"type": "tiny_qwen_image", "resolution": 256, "num_layers": 8, "axes_dims_rope": [16, 56, 56],
@@ -115,7 +117,14 @@ def paper_scale_cases(attention: str) -> list[tuple[str, dict[str, Any]]]:
         ("qwen_image_512", recipe(qwen, lora=True, steps=10, group=4, attention=attention)),
         ("flux2_1024", recipe(flux2, lora=True, steps=8, group=4, attention=attention)),
         ("wan_33x240x416", recipe(wan, lora=True, steps=20, group=2, attention=attention)),
+        ("qwen_image_edit_512", edit_prompts(recipe({**qwen, "type": "tiny_qwen_image_edit"}, lora=True, steps=12,
+                                                    group=4, attention=attention))),
     ]
+
+
+def edit_prompts(data: dict[str, Any]) -> dict[str, Any]:
+    """A case's recipe on the embedded world's edit prompts (each with its 32 px source image), for an edit base."""
+    return {**data, "prompts": {"type": "world_edit"}}
 
 
 def recipe(backbone: dict[str, Any], lora: bool, steps: int, group: int, attention: str = "no-cudnn") -> dict[str, Any]:
@@ -362,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                               attention=att)),
         ("tiny_wan", recipe({"type": "tiny_wan", "resolution": 16, "num_frames": 5, **small}, lora=True, steps=4,
                             group=4, attention=att)),
+        ("tiny_qwen_image_edit", edit_prompts(recipe({"type": "tiny_qwen_image_edit", "resolution": 32, **small},
+                                                     lora=True, steps=4, group=4, attention=att))),
     ]
     if not args.tiny_only:
         mid_flux_class()  # defined here; the recipe names it by dotted path

@@ -19,15 +19,18 @@ CFG 4.5, groups of ``group`` images for ``prompts`` prompts, every step an SDE s
 first ``int(0.99 * steps)`` trained, JPEG compressibility as the reward, group-normalised advantages with the
 global std, PPO clip 1e-4, no KL, LoRA rank 32 / alpha 64 on the official trainer's eight projections (or full
 fine-tuning), AdamW (lr 3e-4, weight decay 1e-4), gradient norm clipped at 1, one optimizer step per
-iteration, float32, one torch thread. flowrl runs three times: with its default update (``auto``), with
-``trainer.update = "recompute"``, and with ``retain`` and ``trainer.gradient_checkpointing`` (the kept graphs
-are the blocks' inputs; the backward runs each block's forward again). ``--side`` picks some of them.
+iteration, float32, one torch thread. flowrl runs four times: with its default update (``auto``), with
+``trainer.update = "recompute"``, with ``retain`` and ``trainer.gradient_checkpointing`` (the kept graphs
+are the blocks' inputs; the backward runs each block's forward again), and memory-matched: its default update
+under ``trainer.memory_budget`` equal to the peak the official trainer's latest run measured (whole graphs
+while they fit, checkpointed ones past that). ``--side`` picks some of them.
 
 Each round runs every side once in a fresh process, in an order that alternates between rounds, so load on
 the machine falls on all sides alike. Printed per setting: seconds per iteration (mean over a run's timed
 iterations, then the mean over rounds), the official / flowrl ratio with its range over rounds, transformer
 rows per iteration with and without gradient, peak resident memory during the timed iterations, and where the
-time goes.
+time goes; then per setting the speed ratio at the official trainer's memory (the memory-matched side) and the
+memory ratio at its speed (the least memory of a flowrl side at least as fast).
 """
 
 from __future__ import annotations
@@ -44,10 +47,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OFFICIAL_LORA = ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k",
                  "attn.to_out.0", "attn.to_q", "attn.to_v")
-SIDES = ("official", "flowrl", "flowrl_recompute", "flowrl_checkpointed")
+SIDES = ("official", "flowrl", "flowrl_recompute", "flowrl_checkpointed", "flowrl_budget")
 # flowrl's overrides for each of its sides (its default update; recompute; retain with gradient checkpointing)
 OVERRIDES = {"flowrl": [], "flowrl_recompute": ["trainer.update=recompute"],
-             "flowrl_checkpointed": ["trainer.update=retain", "trainer.gradient_checkpointing=true"]}
+             "flowrl_checkpointed": ["trainer.update=retain", "trainer.gradient_checkpointing=true"],
+             "flowrl_budget": []}  # + trainer.memory_budget: the official run's peak (run_side's ``budget_mb``)
 # name -> resolution, steps, prompts per iteration, group size, LoRA (False: full fine-tuning), model sizes
 SETTINGS: dict[str, dict[str, Any]] = {
     "lora32": {"resolution": 32, "steps": 10, "prompts": 2, "group": 4, "lora": True, "model": {}},
@@ -217,15 +221,18 @@ torch_threads = 1
 """
 
 
-def run_side(side: str, paths: dict[str, Path], clone: Path, iterations: int, work: Path) -> dict[str, Any]:
-    """One fresh process of ``side``; its figures (scripts/peer_probe.py)."""
+def run_side(side: str, paths: dict[str, Path], clone: Path, iterations: int, work: Path,
+             budget_mb: float | None = None) -> dict[str, Any]:
+    """One fresh process of ``side``; its figures (scripts/peer_probe.py). ``budget_mb``: the memory budget of
+    the memory-matched side."""
     work.mkdir(parents=True, exist_ok=True)
     job: dict[str, Any] = {"side": "official" if side == "official" else "flowrl", "iterations": iterations,
                            "out": str(work / "figures.json"), "tf32": True}
     if side == "official":
         job.update(clone=str(clone), config=str(paths["config"]))
     else:
-        job.update(recipe=str(paths["recipe"]), run_dir=str(work / "run"), overrides=OVERRIDES[side])
+        budget = [f"trainer.memory_budget={int(budget_mb * 2**20)}"] if side == "flowrl_budget" and budget_mb else []
+        job.update(recipe=str(paths["recipe"]), run_dir=str(work / "run"), overrides=[*OVERRIDES[side], *budget])
     (work / "job.json").write_text(json.dumps(job))
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT)}
@@ -277,6 +284,23 @@ def tables(results: dict[str, dict[str, Any]]) -> str:
             other = s["s"] - sum(s["phases"].values())
             cells = " | ".join(f"{s['phases'][p]:.3f}" for p in PHASE_NAMES)
             lines.append(f"| {name} | {side} | {cells} | {other:.3f} |")
+    lines += ["", "At equal memory and at equal speed:", "",
+              "| setting | official peak (MB) | memory-matched flowrl: peak (MB), official / this (speed) |"
+              " least memory of a flowrl side as fast as the official trainer: side, peak (MB), official / this"
+              " (memory) |", "| --- | ---: | --- | --- |"]
+    for name, sides in results.items():
+        official = sides["official"]
+        matched = "not run"
+        if "flowrl_budget" in sides:
+            b = sides["flowrl_budget"]
+            ratio, low, high = ratios(official, b)
+            matched = f"{b['peak_mb']:.0f}, {ratio:.2f}x ({low:.2f}-{high:.2f})"
+        fast = [(s["peak_mb"], side) for side, s in sides.items() if side != "official" and s["s"] <= official["s"]]
+        least = "none"
+        if fast:
+            peak, side = min(fast)
+            least = f"{side}, {peak:.0f}, {official['peak_mb'] / peak:.2f}x"
+        lines.append(f"| {name} | {official['peak_mb']:.0f} | {matched} | {least} |")
     return "\n".join(lines)
 
 
@@ -334,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(args.rounds):
                 order = sides if k % 2 == 0 else sides[::-1]
                 for side in order:
+                    # the memory-matched side's budget: the latest official run's peak (round 1 runs it first)
+                    budget = runs["official"][-1]["peak_mb"] if runs["official"] else None
                     runs[side].append(run_side(side, paths, clone.resolve(), args.iterations,
-                                               Path(tmp) / name / f"{side}_{k}"))
+                                               Path(tmp) / name / f"{side}_{k}", budget))
                 if not args.markdown:
                     last = {side: runs[side][-1] for side in sides}
                     s = {side: statistics.fmean(i["seconds"] for i in r["iterations"]) for side, r in last.items()}

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import torch
 from conftest import ROOT
+from fastapi import FastAPI, Request
 from torch import Tensor
 
 from flowrl.core.interfaces import RewardModel
@@ -156,3 +157,51 @@ def tiny_world(count: int = 6) -> tuple[Tensor, list[str]]:
     images = torch.from_numpy(render_batch(scenes, 0)).permute(0, 3, 1, 2).float() / 255
     images[-1] = torch.rand(images.shape[1:], generator=torch.Generator().manual_seed(0))
     return images, [s.text for s in scenes]
+
+
+def judge_answer(text: str, model: str = "judge-7b", digits_apart: bool = False,
+                 alternatives: dict[int, dict[str, float]] | None = None) -> dict[str, Any]:
+    """An OpenAI chat-completions answer with ``text`` and its tokens' log-probabilities. The tokens are the runs of
+    digits (one token per digit with ``digits_apart``, as Qwen's tokenizer writes numbers) and the runs of other
+    characters between them; the ``k``-th digit token's alternatives are ``alternatives[k]`` (token -> probability,
+    the written token among them), else the token alone with probability 1."""
+    import math
+    import re
+
+    content, k = [], 0
+    for piece in re.findall(r"\d|\D+" if digits_apart else r"\d+|\D+", text):
+        top = {piece: 1.0}
+        if piece.isdigit():
+            top = (alternatives or {}).get(k, top)
+            k += 1
+        content.append({"token": piece, "logprob": math.log(top[piece]),
+                        "top_logprobs": [{"token": t, "logprob": math.log(p)} for t, p in top.items()]})
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+              "logprobs": {"content": content}}
+    return {"id": "x", "object": "chat.completion", "model": model, "choices": [choice]}
+
+
+def edit_judge_app(semantics: Any, quality: Any, models: tuple[str, ...] = ("judge-7b",)) -> FastAPI:
+    """A stand-in for a VLM judge served OpenAI-style (vLLM, SGLang): ``/v1/models`` lists ``models``;
+    ``/v1/chat/completions`` answers a question with several images (the semantic-consistency one) with
+    ``semantics(body)`` and one with a single image (perceptual quality) with ``quality(body)``, each a
+    :func:`judge_answer`; without ``logprobs`` in the request the answer carries none, as a server's. It keeps the
+    requests it got (``app.state.seen``)."""
+    app = FastAPI()
+    app.state.seen = []
+
+    @app.get("/v1/models")
+    async def listed() -> dict:
+        return {"object": "list", "data": [{"id": m, "object": "model"} for m in models]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        body = await request.json()
+        app.state.seen.append(body)
+        images = [p for p in body["messages"][0]["content"] if p["type"] == "image_url"]
+        answer = (semantics if len(images) > 1 else quality)(body)
+        if not body.get("logprobs"):
+            answer["choices"][0].pop("logprobs", None)
+        return answer
+
+    return app

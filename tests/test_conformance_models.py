@@ -53,7 +53,12 @@ REWARDS: dict[str, tuple[dict[str, Any], tuple[float, float] | None, tuple[str, 
     "world_verifier": ({}, (0.0, 1.0), ()),
     "world_edit_verifier": ({}, (0.0, 1.0), ()),  # edits of the rendered scenes, each scene its source
     "remote": ({}, (0.0, 1.0), ()),  # the world verifier, served on 127.0.0.1 in a thread (served_verifier)
+    "edit_judge": ({}, (0.0, 1.0), ()),  # a stand-in OpenAI-style judge on 127.0.0.1 (stand_in_judge)
+    "edit_preservation": ({}, (-1.0, 1.0), ()),  # SSIM
+    "edit_feature_similarity": ({"device": "cpu"}, (-1.0, 1.0), ()),  # a cosine; a tiny DINOv2 (tiny_features)
 }
+# scored against an edit of each scene, the scene its source
+EDIT_REWARDS = ("world_edit_verifier", "edit_judge", "edit_preservation", "edit_feature_similarity")
 FLOAT32_TOL, REDUCED_TOL = 1e-4, 3e-2  # see flowrl.conformance.backbones.TOLERANCE
 SCENES = enumerate_scenes("train")[:200:50]  # a single object and relations, all in the tiny models' words
 WORLD_PROMPTS = [s.text for s in SCENES]
@@ -81,8 +86,31 @@ def served_verifier() -> str:
 _SERVERS: list[Any] = []
 
 
+@functools.cache
+def tiny_features() -> str:
+    """A tiny random DINOv2 saved to a folder (tests/test_edit_feature_similarity.py builds it)."""
+    import tempfile
+
+    from test_edit_feature_similarity import tiny_dinov2
+
+    return tiny_dinov2(Path(tempfile.mkdtemp(prefix="conformance-dinov2-")) / "model")
+
+
+@functools.cache
+def stand_in_judge() -> str:
+    """The address of a stand-in VLM judge (tests/served.py's edit_judge_app) in a daemon thread, answering with
+    log-probabilities (lives as long as the tests)."""
+    from served import edit_judge_app, in_thread, judge_answer
+
+    app = edit_judge_app(lambda body: judge_answer('{"score": [8, 6]}', alternatives={0: {"8": 0.6, "7": 0.4}}),
+                         lambda body: judge_answer('{"score": [9, 7]}', digits_apart=True))
+    context = in_thread(app)
+    _SERVERS.append(context)
+    return context.__enter__().url
+
+
 def reward_prompts(name: str) -> list[str]:
-    if name == "world_edit_verifier":  # an edit of each scene, the scene's rendering its source image
+    if name in EDIT_REWARDS:  # an edit of each scene, the scene's rendering its source image
         from flowrl.core.conditions import Condition, Prompt
         from flowrl.world.edit import _edits_of
 
@@ -96,6 +124,10 @@ def local_reward(name: str, settings: dict[str, Any]) -> tuple[Any, tuple[float,
     local, bounds, modules = REWARDS[name]
     if name == "remote":
         local = {**local, "url": served_verifier(), "retries": 0}
+    if name == "edit_judge":
+        local = {**local, "url": stand_in_judge(), "retries": 0}
+    if name == "edit_feature_similarity":
+        local = {**local, "model": tiny_features()}
     for module in modules:
         if not has_module(module):
             pytest.skip(f"reward '{name}' needs {module} (its extra; nox -s extras)")
@@ -156,6 +188,10 @@ def saved(kind: str) -> str:
         from flowrl.backbones.qwen_image.tiny import TinyQwenImageSpec, save_tiny_qwen_image
 
         save_tiny_qwen_image(TinyQwenImageSpec(image_size=16), folder)
+    elif kind == "qwen_image_edit":  # Qwen-Image-Edit's class: QwenImageEditPipeline (one source image)
+        from flowrl.backbones.qwen_image.tiny import TinyQwenImageEditSpec, save_tiny_qwen_image_edit
+
+        save_tiny_qwen_image_edit(TinyQwenImageEditSpec(image_size=16), folder)
     elif kind == "wan":
         from flowrl.backbones.wan.tiny import TinyWanSpec, save_tiny_wan
 
@@ -185,14 +221,22 @@ BACKBONES: dict[str, Any] = {
     "tiny_flux2": lambda: {"resolution": 16},  # klein-base: CFG with the frozen negative branch
     "qwen_image": lambda: {"path": saved("qwen_image"), **SMALL, "dtype": "float32"},
     "tiny_qwen_image": lambda: {"resolution": 16},  # true CFG with the norm rescale, the pipeline's grid
+    # edit bases that need a source: the world's edit prompts (tests/test_qwen_image_edit.py checks the rest)
+    "qwen_image_edit": lambda: {"path": saved("qwen_image_edit"), **SMALL, "dtype": "float32"},
+    "tiny_qwen_image_edit": lambda: {"resolution": 16},
 }
 
 
 def run_backbone_check(name: str, settings: dict[str, Any]) -> None:
-    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image"):
+    if name in ("flux", "flux_kontext", "sd3", "wan", "flux2", "qwen_image", "qwen_image_edit"):
         settings = {**settings, **BACKBONES[name]()} | {"dtype": settings.get("dtype", "float32")}
+        if name == "qwen_image_edit":  # the recipes' Edit-Plus and vision side on the saved Edit twin
+            settings |= {"pipeline": "edit", "images": 1, "vision_resolution": 0}
     tolerance = FLOAT32_TOL if settings.get("dtype", "float32") == "float32" else REDUCED_TOL
-    check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), WORLD_PROMPTS[:3], tolerance=tolerance)
+    cls = registry("backbone").get(name)
+    needed = cls.accepts(cls.Config(**settings)).count[0]
+    prompts = reward_prompts("world_edit_verifier")[:3] if needed else WORLD_PROMPTS[:3]  # one source each
+    check_backbone(lambda: flowrl.build("backbone", {**settings, "type": name}), prompts, tolerance=tolerance)
 
 
 @pytest.mark.parametrize("name", sorted(BACKBONES))

@@ -38,6 +38,7 @@ BEFORE = {
     "mix_grpo_flash": False,
     "branch_tree": False,
     "aegpo_allocate": False,
+    "iso_temporal": True,  # added later, declared: each prompt draws its step and noise from its own stream
     "preference_file": False,
 }
 

@@ -51,15 +51,17 @@ def test_both_sides_get_the_same_work(tmp_path: Path) -> None:
         assert all(w in words for w in prompt.split()), prompt  # prompts decode back to themselves officially
 
 
-@pytest.mark.parametrize("side", ["flowrl", "flowrl_recompute", "flowrl_checkpointed"])
+@pytest.mark.parametrize("side", ["flowrl", "flowrl_recompute", "flowrl_checkpointed", "flowrl_budget"])
 def test_the_probe_counts_what_flowrl_counts(side: str, tmp_path: Path) -> None:
     """flowrl's side through the probe: transformer rows with gradient are the trained steps' conditional rows;
     with and without gradient they add up to flowrl's own NFE (retain, with or without gradient checkpointing,
     whose block recomputation is inside the backward), or the update's frozen unconditional rows come on top
-    (recompute); every phase's seconds are finite and within the iteration's."""
+    (recompute); every phase's seconds are finite and within the iteration's. The memory-matched side runs
+    under trainer.memory_budget."""
     setting = {**peer_speed.SETTINGS["lora32"], "steps": 4}
     paths = peer_speed.prepare("lora32", setting, tmp_path, tmp_path / "clone")
-    figures = peer_speed.run_side(side, paths, tmp_path / "clone", 1, tmp_path / side)
+    # the memory-matched side under a budget it fits: its warm-up keeps one call whole and checkpoints the rest
+    figures = peer_speed.run_side(side, paths, tmp_path / "clone", 1, tmp_path / side, budget_mb=100_000)
     [iteration] = figures["iterations"]
     lines = (tmp_path / side / "run" / "metrics.jsonl").read_text().splitlines()
     nfe = json.loads(lines[-1])["nfe"] - json.loads(lines[-2])["nfe"]  # the timed iteration's (nfe is cumulative)
@@ -71,3 +73,5 @@ def test_the_probe_counts_what_flowrl_counts(side: str, tmp_path: Path) -> None:
         assert figures["update"] == "recompute" and rows["no_grad"] == nfe + rows["grad"]
     assert nfe == 2 * setting["steps"] * images  # CFG: two rows a latent
     assert 0 < sum(iteration["phases"].values()) <= iteration["seconds"] and figures["peak_mb"] > 0
+    recipe = json.loads((tmp_path / side / "job.json").read_text())
+    assert any(o.startswith("trainer.memory_budget=") for o in recipe["overrides"]) == (side == "flowrl_budget")

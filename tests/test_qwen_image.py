@@ -389,7 +389,7 @@ def test_bad_settings_are_refused_at_validate(tmp_path: Path) -> None:
     ROOT / "recipes" / "smoke" / "qwen_image.toml"], ids=lambda p: p.name)  # fmt: skip
 def test_shipped_qwen_image_recipes_validate(path: Path) -> None:
     recipe = load_recipe(path)
-    assert recipe.parts["backbone"].type in ("qwen_image", "tiny_qwen_image")
+    assert recipe.parts["backbone"].type in ("qwen_image", "tiny_qwen_image", "qwen_image_edit")
     from flowrl.backbones.lora.targets import lora_target_problems
 
     assert list(lora_target_problems(recipe)) == []

@@ -23,6 +23,8 @@ from flowrl.core.registry import registry
 from flowrl.trainer import train
 
 EDIT_REWARD = [{"type": "world_edit_verifier"}]
+# the rewards that read the source
+SOURCE_READERS = ("world_edit_verifier", "edit_judge", "edit_preservation", "edit_feature_similarity")
 
 
 def _recipe(prompts: dict, reward: list[dict] = EDIT_REWARD, **extra: object) -> dict:
@@ -37,7 +39,7 @@ def _problems(data: dict) -> list[tuple[str, str]]:
 
 def test_the_shipped_parts_declare_what_they_read_and_give() -> None:
     for name, cls in registry("reward").items():
-        assert cls.needs_conditions(cls.Config()) is (name == "world_edit_verifier"), name
+        assert cls.needs_conditions(cls.Config()) is (name in SOURCE_READERS), name
     remote = registry("reward").get("remote")
     assert remote.needs_conditions(remote.Config(conditions=True)) is True  # it sends them: the server reads them
     given = {name: cls.gives_conditions(None) for name, cls in registry("prompts").items()}

@@ -94,6 +94,13 @@ def test_summary_says_which_update_ran_and_why(tmp_path: Path) -> None:
     ):
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         assert want in run_summary(run, "", auto).splitlines()
+    budgeted = [{**r, "update/retained_rows": 40, "update/checkpointed_rows": c}
+                for r, c in zip(kept, (0, 15), strict=True)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in budgeted))
+    within = recipe_from_dict(tiny_recipe(memory_budget="2GiB"))
+    assert ("update: retain (trainer.update = auto: exact for this recipe); the rollouts kept graphs of at most 4.5 MB"
+            " an iteration, 15 of their 80 rows checkpointed (only each block's input kept) to stay within"
+            " trainer.memory_budget = 2GiB") in run_summary(run, "", within).splitlines()
     (run / "metrics.jsonl").write_text(json.dumps(plain) + "\n")
     epochs = recipe_from_dict(tiny_recipe(inner_epochs=2))
     assert ("update: recompute (trainer.update = auto: retain is not exact with trainer.inner_epochs: 2 inner "

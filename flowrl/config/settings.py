@@ -10,6 +10,7 @@ from attrs.validators import ge, gt, le, lt
 from flowrl.config.update_modes import UpdateMode
 from flowrl.core.choices import one_of
 from flowrl.utils.lr_schedule import LrDecay
+from flowrl.utils.sizes import parse_size
 
 MixedPrecision = Literal["no", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -58,6 +59,12 @@ def _trackers(_: Any, attribute: Any, value: tuple[str, ...]) -> None:
             raise ValueError(f"unknown logger {name!r}; expected some of {', '.join(known)}")
     if len(set(value)) != len(value):
         raise ValueError(f"a logger appears twice in {list(value)}")
+
+
+def _memory_size(_: Any, attribute: Any, value: str | float) -> None:
+    """a size, a share of the device's memory, or empty"""
+    if value != "":
+        parse_size(str(value))  # its ValueError names the value
 
 
 def _evaluation_figure(_: Any, attribute: Any, value: str) -> None:
@@ -117,6 +124,10 @@ class TrainerConfig:
     eval_steps: int = attrs.field(default=16, validator=positive)  # ODE steps of evaluation samples (any method)
     max_bad_steps: int = attrs.field(default=5, validator=positive)  # consecutive non-finite steps before stopping
     gradient_checkpointing: bool = False
+    # the memory the run may use, as a size ("6GiB", "600MB") or a share of the device's memory ("0.8"); "": 90% of
+    # what is free when each rollout starts. With trainer.update = retain the rollout keeps whole graphs while they
+    # fit under it and checkpointed ones (each block's input only) past it (docs/performance.md)
+    memory_budget: str | float = attrs.field(default="", validator=_memory_size)
     # torch.compile the transformer's forward (in place: parameter names, checkpoints and LoRA exports unchanged)
     # with this mode; "off": eager. The first iterations pay the compilation (docs/performance.md gives the
     # measured ratios; on the CPU it can lose)

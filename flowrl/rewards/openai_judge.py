@@ -37,26 +37,50 @@ class JudgeSettings:
     on_parse_failure: str
 
 
-def judge_health(endpoint: Endpoint, judge: JudgeSettings) -> dict[str, Any]:
-    """``GET /v1/models``; the configured model must be among those served (an empty ``model`` takes the first)."""
+def judge_health(endpoint: Endpoint, judge: JudgeSettings | str) -> dict[str, Any]:
+    """``GET /v1/models``; the configured model (``judge.model``, or a model name) must be among those served (an
+    empty one takes the first)."""
+    wanted = judge if isinstance(judge, str) else judge.model
     found = endpoint.get("/v1/models")
     ids = [m.get("id") for m in found.get("data", [])] if isinstance(found, dict) else []
     if not ids or not all(isinstance(i, str) for i in ids):
         raise RemoteRewardError(f"{endpoint.url}/v1/models lists no model (not an OpenAI-style server?)")
-    if judge.model and judge.model not in ids:
-        raise RemoteRewardError(f"{endpoint.url} serves {', '.join(ids)}, not the model {judge.model!r} (reward.model)")
-    return {"models": ids, "model": judge.model or ids[0]}
+    if wanted and wanted not in ids:
+        raise RemoteRewardError(f"{endpoint.url} serves {', '.join(ids)}, not the model {wanted!r} (reward.model)")
+    return {"models": ids, "model": wanted or ids[0]}
+
+
+def png_part(data: str) -> dict[str, Any]:
+    """A message part holding one base64 PNG as a ``data:`` URL."""
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+
+
+def chat_body(model: str, images: list[str], text: str, max_tokens: int, temperature: float = 0.0,
+              top_logprobs: int = 0) -> dict[str, Any]:
+    """A chat-completions body: one user message of the base64 PNG ``images`` (in order), then ``text``; with
+    ``top_logprobs > 0`` it asks for each answer token's log-probability and that many alternatives."""
+    content = [*(png_part(data) for data in images), {"type": "text", "text": text}]
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "temperature": temperature,
+            "max_tokens": max_tokens}
+    if top_logprobs > 0:
+        body.update(logprobs=True, top_logprobs=top_logprobs)
+    return body
 
 
 def chat_request(judge: JudgeSettings, model: str, image: Tensor, prompt: str) -> dict[str, Any]:
     """The chat-completions body asking the judge about one image."""
     data = encode_image(image, "png")["data"]
-    content = [
-        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}},
-        {"type": "text", "text": judge.template.replace("{prompt}", prompt)},
-    ]
-    return {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0,
-            "max_tokens": judge.max_tokens}
+    return chat_body(model, [data], judge.template.replace("{prompt}", prompt), judge.max_tokens)
+
+
+def ask(endpoint: Endpoint, body: dict[str, Any]) -> tuple[str, Any]:
+    """POST ``body`` to ``/v1/chat/completions``: the reply's text and the whole answer; a malformed answer is a
+    :class:`RemoteRewardError` naming the server."""
+    answer = endpoint.post("/v1/chat/completions", body)
+    try:
+        return reply_text(answer), answer
+    except ValueError as error:
+        raise RemoteRewardError(f"judge {endpoint.url}/v1/chat/completions sent a malformed answer: {error}") from None
 
 
 def reply_text(answer: Any) -> str:
@@ -86,11 +110,7 @@ def judge_score(endpoint: Endpoint, judge: JudgeSettings, model: str, image: Ten
     """The judge's (``model`` at ``endpoint``) score of one image as a ``(1,)`` tensor."""
     import torch
 
-    answer = endpoint.post("/v1/chat/completions", chat_request(judge, model, image, prompt))
-    try:
-        text = reply_text(answer)
-    except ValueError as error:
-        raise RemoteRewardError(f"judge {endpoint.url}/v1/chat/completions sent a malformed answer: {error}") from None
+    text, _ = ask(endpoint, chat_request(judge, model, image, prompt))
     value = parse_score(judge, text)
     if value is None:
         if judge.on_parse_failure != "zero":

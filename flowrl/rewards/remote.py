@@ -225,10 +225,12 @@ class RemoteReward(RewardModel):
 
 
 def server_problems(recipe: Any) -> Iterable[tuple[str, str]]:
-    """``flowrl validate``'s look at served rewards: each ``remote`` reward's server answers its health check
-    (``(key, message)`` pairs, as a recipe's other problems)."""
+    """``flowrl validate``'s look at served rewards: the server of each ``remote`` reward, or of any reward class
+    that sets ``asks_a_server = True`` (``edit_judge``), answers its health check (``(key, message)`` pairs, as a
+    recipe's other problems)."""
     for i, part in enumerate(recipe.rewards):
-        if isinstance(part.cls, type) and issubclass(part.cls, RemoteReward):
+        if isinstance(part.cls, type) and (issubclass(part.cls, RemoteReward) or getattr(part.cls, "asks_a_server",
+                                                                                            False)):
             label = f"reward[{i}]" if len(recipe.rewards) > 1 else "reward"
             try:
                 part.build().check()

@@ -10,6 +10,7 @@ the two keys that size it.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -27,10 +28,44 @@ def available_bytes(device: torch.device) -> int | None:
     """Free memory on ``device``: CUDA's free bytes, else Linux's MemAvailable; ``None`` if unknown."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    return _meminfo("MemAvailable:")
+
+
+def total_bytes(device: torch.device) -> int | None:
+    """All of ``device``'s memory: CUDA's total, else Linux's MemTotal; ``None`` if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    return _meminfo("MemTotal:")
+
+
+def used_bytes(device: torch.device) -> int | None:
+    """What this process holds on ``device`` now: CUDA's allocated bytes, else the resident set; ``None`` if
+    unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_bytes(device: torch.device) -> int | None:
+    """The most this process has held so far: CUDA's peak allocated bytes, else its peak resident set."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    try:
+        import resource
+    except ImportError:  # not on Linux or macOS
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _meminfo(key: str) -> int | None:
     try:
         with open("/proc/meminfo") as info:
             for line in info:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None

@@ -11,10 +11,15 @@ an input that matches nothing is computed again, so a sampler the mechanism does
 correctness.
 
 Memory: the kept graphs live from their forward to the update's backward. Their size is counted while they are
-made (the tensors autograd saves, parameters left out). When they would pass 90% of the memory free as the
-rollout started, an explicit ``retain`` stops with a recipe error naming ``trainer.update`` before the device
-runs out; under ``auto`` the kept graphs are dropped (:attr:`RetainedVelocities.abandoned`) and the update
-recomputes, as ``recompute`` would.
+made (the tensors autograd saves, parameters left out). ``trainer.memory_budget`` bounds them: a call is kept
+whole while the whole graphs fit under the budget less what the process held as the rollout started and a
+reserve for the update (gradients, the optimizer's state before its first step, one call's transient); past
+that, the call runs with its blocks checkpointed (:mod:`flowrl.trainer.checkpoint_switch`: only each block's
+input is kept, and the backward runs the block's forward again), which is still exact and still saves the
+update's own forward. Without a budget the bound is 90% of the memory free as the rollout started. When even
+the checkpointed graphs would pass the budget (or that 90%), an explicit ``retain`` stops with a recipe error
+before the device runs out; under ``auto`` the kept graphs are dropped (:attr:`RetainedVelocities.abandoned`)
+and the update recomputes, as ``recompute`` would.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from flowrl.config.update_modes import resolve_update
 from flowrl.core.interfaces import Backbone
 from flowrl.core.types import Conditioning, Plan, Schedule
 from flowrl.parts.samplers.untrained import forwards_untrained
-from flowrl.trainer.memory import available_bytes
+from flowrl.trainer.checkpoint_switch import CheckpointSwitch
+from flowrl.trainer.memory import available_bytes, peak_bytes, total_bytes, used_bytes
+from flowrl.utils.sizes import parse_size, show_size
 
 
 def fingerprints(t: Tensor) -> Tensor:
@@ -57,13 +64,23 @@ class RetainedVelocities:
 
     ``levels`` are the noise levels of the plan's trained units' starts (calls elsewhere are not kept).
     ``module``, when given, is what the kept forwards call instead of the backbone's module (a multi-process
-    run's unwrapped transformer: the trainer then averages the gradients itself).
+    run's unwrapped transformer: the trainer then averages the gradients itself). ``limit`` bounds every kept
+    byte (None: no bound; past it the graphs are dropped, or a recipe error under ``strict``) and
+    ``whole_limit`` the whole graphs (past it, with a ``switch``, calls are checkpointed); ``per_row`` is a whole
+    graph's size per row measured before (0: unknown, the next call is kept whole and measured).
     """
 
     def __init__(
-        self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None, source: str = "", strict: bool = True
+        self, backbone: Backbone, levels: Tensor, module: nn.Module | None = None, source: str = "",
+        strict: bool = True, limit: int | None = None, whole_limit: int | None = None,
+        switch: CheckpointSwitch | None = None, per_row: float = 0.0, budget_key: str = "trainer.update",
     ) -> None:
         self.backbone, self.module, self.source, self.strict = backbone, module, source, strict
+        self.switch = switch if switch is not None and switch.available else None
+        self.whole_limit, self.per_row, self.budget_key = whole_limit, per_row, budget_key
+        self.rows_checkpointed = 0  # rows whose graph keeps only its blocks' inputs
+        self.bytes_whole = 0  # bytes of the graphs kept whole
+        self.largest_call = 0  # the most rows one kept call had
         self.levels = levels.detach().float().cpu()  # compared with every call's noise levels
         self.abandoned = ""  # why the kept graphs were dropped (auto mode, too large); "" while kept
         self.kept: list[tuple[Tensor, Tensor]] = []  # (detached input, velocity with graph) per kept call
@@ -74,7 +91,7 @@ class RetainedVelocities:
         self.bytes_kept = 0
         self._reference_depth = 0
         self._own: set[int] = set()  # storages of the parameters and buffers (not counted as kept)
-        self._limit: int | None = None
+        self._limit = limit
 
     @staticmethod
     def trained_levels(plan: Plan, schedule: Schedule) -> Tensor:
@@ -106,9 +123,18 @@ class RetainedVelocities:
                     self.bytes_kept += storage.nbytes()
                 return t
 
-            with torch.enable_grad(), swap, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            rows, before = int(x.shape[0]), self.bytes_kept
+            whole = self._whole_fits(rows)
+            blocks = nullcontext() if whole or self.switch is None else self.switch.on(pack)
+            with torch.enable_grad(), swap, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), blocks:
                 v = velocity(x, s, cond)
-            self.rows_kept += int(x.shape[0])
+            self.rows_kept += rows
+            self.largest_call = max(self.largest_call, rows)
+            if whole:
+                self.bytes_whole += self.bytes_kept - before
+                self.per_row = max(self.per_row, (self.bytes_kept - before) / rows)
+            else:
+                self.rows_checkpointed += rows
             self._check_fits()
             if self.abandoned:
                 return v.detach()
@@ -129,8 +155,6 @@ class RetainedVelocities:
 
         tensors = [*backbone.transformer.parameters(), *backbone.transformer.buffers()]
         self._own = {t.untyped_storage().data_ptr() for t in tensors}
-        free = available_bytes(backbone.device)
-        self._limit = None if free is None else int(0.9 * free)
         backbone.velocity = kept_velocity  # type: ignore[method-assign]
         backbone.reference_policy = counted_reference  # type: ignore[method-assign]
         try:
@@ -138,17 +162,26 @@ class RetainedVelocities:
         finally:
             del backbone.velocity, backbone.reference_policy  # the class's methods again
 
+    def _whole_fits(self, rows: int) -> bool:
+        """Whether a call of ``rows`` rows may keep its whole graph (always, when nothing can be checkpointed)."""
+        if self.switch is None or self.whole_limit is None:
+            return True
+        return self.bytes_whole + self.per_row * rows <= self.whole_limit
+
     def _check_fits(self) -> None:
         if self._limit is None or self.bytes_kept <= self._limit:
             return
-        gib = 2**30
-        why = (f"the rollout's retained graphs passed {self.bytes_kept / gib:.2f} GiB of the"
-               f" {self._limit / 0.9 / gib:.2f} GiB free on {self.backbone.device.type} when it started"
-               f" ({self.rows_kept} rows kept)")
+        bound = show_size(self._limit)
+        room = (f"trainer.memory_budget less what the process held when it started ({bound})"
+                if self.budget_key != "trainer.update"
+                else f"90% of the memory free on {self.backbone.device.type} when it started ({bound})")
+        checkpointed = f", {self.rows_checkpointed} of them checkpointed" if self.rows_checkpointed else ""
+        why = (f"the rollout's retained graphs passed {show_size(self.bytes_kept)}, over {room}"
+               f" ({self.rows_kept} rows kept{checkpointed})")
         self.kept, self.index = [], {}
         if self.strict:
-            advice = ": set 'recompute' or 'auto', or fewer prompts or rollouts per step"
-            raise RecipeError(self.source or "<recipe>", [("trainer.update", why + advice)])
+            advice = ": set 'recompute' or 'auto', a larger budget, or fewer prompts or rollouts per step"
+            raise RecipeError(self.source or "<recipe>", [(self.budget_key, why + advice)])
         self.abandoned = why + "; the update recomputes from now on"
 
     def velocity(self, x: Tensor, s: Tensor, cond: Conditioning) -> Tensor:
@@ -170,6 +203,7 @@ class RetainedVelocities:
         calls = {c for c, _ in self.rows_used}
         figures = {"update/retained_rows": self.rows_kept, "update/retained_used": len(self.rows_used),
                    "update/retained_mb": self.bytes_kept / 2**20,
+                   "update/checkpointed_rows": self.rows_checkpointed,
                    "update/recomputed_rows": self.misses,
                    "update/backward_rows": sum(int(self.kept[c][0].shape[0]) for c in calls)}
         self.kept, self.index = [], {}
@@ -189,6 +223,63 @@ class Retention:
                 why = "'retain' is not exact: the transformer has active dropout; use 'recompute' or 'auto'"
                 raise RecipeError(recipe.source, [("trainer.update", why)])
         self.kept: RetainedVelocities | None = None
+        self.switch = CheckpointSwitch(backbone.transformer)
+        self.per_row = 0.0  # a whole graph's bytes per row, as the last rollout measured them
+        self.largest_call = 0  # the most rows one kept call had
+        self.recordings = 0  # rollouts recorded (before the first update the optimizer holds no state yet)
+        self.base_used: int | None = None  # off CUDA: the resident set as the first rollout started
+        self.beside = 0  # under a budget: what an iteration needed beside its kept graphs, at most, as measured
+        self.last_start = 0  # what the process held as the last rollout started
+        self.last: tuple[int, int] | None = None  # (that, the bytes the last rollout kept), once its update ran
+        self.last_checkpointed = 0  # the bytes the last rollout kept of checkpointed calls
+
+    def limits(self) -> tuple[int | None, int | None]:
+        """Bounds for this rollout's kept graphs, all of them and the whole ones (None: unbounded).
+
+        Without ``trainer.memory_budget``: 90% of the memory free now, and for whole graphs that less a reserve
+        for the update (the trainable parameters' gradients, the optimizer's two moments before its first step,
+        and the largest call's graph). With one: the budget less what the process holds now and less the
+        memory an iteration needs beside its kept graphs (latents, images, the backward's own buffers), which
+        the previous iteration measured as its peak less what it held at its start and its kept graphs; no
+        iteration has measured that before the first rollout, so the first keeps only its first call whole
+        and checkpoints the others. Off CUDA "what the process holds" is the resident set as the first
+        rollout started: the C allocator keeps the pages of freed graphs for the next ones."""
+        device = self.backbone.device
+        free = available_bytes(device)
+        hard = None if free is None else int(0.9 * free)
+        budget, used = self.budget_bytes(), used_bytes(device)
+        if device.type != "cuda":  # what CUDA frees is free again; a CPU process's resident set keeps its peak
+            self.base_used = used if self.base_used is None else self.base_used
+            used = self.base_used
+        if budget is None or used is None:
+            if hard is None:
+                return None, None
+            trainable = sum(p.numel() * p.element_size() for p in self.backbone.transformer.parameters()
+                            if p.requires_grad)
+            reserve = trainable * (3 if self.recordings == 0 else 1) + int(self.per_row * self.largest_call)
+            return hard, hard - reserve
+        peak = peak_bytes(device)
+        if self.last is not None and peak is not None:  # (what the last iteration held at its start, kept)
+            self.beside = max(self.beside, peak - self.last[0] - self.last[1])
+        self.last_start = used
+        # off CUDA the resident set also holds what the C allocator has not handed back (fragments between freed
+        # graphs): measured on the embedded world, a twentieth of the budget covers it
+        room = budget - used - self.beside - (0 if device.type == "cuda" else budget // 20)
+        limit = room if hard is None else min(hard, room)
+        if self.recordings == 0:
+            return limit, 0  # the first call whole (its size measured), the others checkpointed
+        return limit, room - self.last_checkpointed
+
+    def budget_bytes(self) -> int | None:
+        """``trainer.memory_budget`` in bytes (a share of the device's memory resolved); None when not set."""
+        text = self.recipe.trainer.memory_budget
+        if text == "":
+            return None
+        size, share = parse_size(str(text))
+        if size is not None:
+            return size
+        total = total_bytes(self.backbone.device)
+        return None if total is None or share is None else int(share * total)
 
     def recording(self, plan: Plan, schedule: Schedule) -> AbstractContextManager[None]:
         """The context of the rollout: with ``retain``, the trained inputs' forwards keep their graphs."""
@@ -198,13 +289,22 @@ class Retention:
         levels = RetainedVelocities.trained_levels(plan, schedule)
         module = self.backbone.transformer if self.several else None  # the kept forwards skip DDP
         strict = self.recipe.trainer.update == "retain"  # auto: graphs too large for memory fall back to recomputing
-        self.kept = RetainedVelocities(self.backbone, levels, module, self.recipe.source, strict)
+        limit, whole_limit = self.limits()
+        key = "trainer.memory_budget" if self.recipe.trainer.memory_budget != "" else "trainer.update"
+        self.kept = RetainedVelocities(self.backbone, levels, module, self.recipe.source, strict, limit, whole_limit,
+                                       self.switch, self.per_row, key)
+        self.recordings += 1
         return self.kept.recording()
 
     def take(self) -> RetainedVelocities | None:
         """The last rollout's kept graphs, handed over once (None: the update recomputes). Under ``auto``, graphs
         that outgrew the memory are dropped and every later update recomputes; that is said once, here."""
         kept, self.kept = self.kept, None
+        if kept is not None:
+            self.per_row = max(self.per_row, kept.per_row)
+            self.largest_call = max(self.largest_call, kept.largest_call)
+            self.last = (self.last_start, kept.bytes_kept)
+            self.last_checkpointed = kept.bytes_kept - kept.bytes_whole
         if kept is not None and kept.abandoned:
             tqdm.write(f"trainer.update = auto: {kept.abandoned}", file=sys.stderr)
             self.mode = "recompute"

@@ -100,7 +100,8 @@ def run_summary(run_dir: Path, keep_best: str = "auto", recipe: Any = None) -> s
 
 def update_line(recipe: Any, trained: list[dict[str, Any]]) -> str:
     """What ``trainer.update`` did: retain (with the largest graphs it kept) or recompute, and why under auto.
-    Iterations that kept graphs log ``update/retained_mb``; under auto a run whose graphs outgrew the memory
+    Iterations that kept graphs log ``update/retained_mb`` (and ``update/checkpointed_rows``, the rows whose
+    graph kept only its blocks' inputs under the memory budget); under auto a run whose graphs outgrew the memory
     stops logging it and recomputes from then on."""
     from flowrl.config.update_modes import retain_conflicts
 
@@ -110,10 +111,20 @@ def update_line(recipe: Any, trained: list[dict[str, Any]]) -> str:
     if kept and kept[-1] is trained[-1]:
         most = max(float(r["update/retained_mb"]) for r in kept)
         why = ": exact for this recipe" if asked == "auto" else ""
-        return f"update: retain ({source}{why}); the rollouts kept graphs of at most {most:,.1f} MB an iteration"
+        line = f"update: retain ({source}{why}); the rollouts kept graphs of at most {most:,.1f} MB an iteration"
+        checkpointed = sum(int(r.get("update/checkpointed_rows", 0)) for r in kept)
+        if checkpointed:
+            rows = sum(int(r["update/retained_rows"]) for r in kept)
+            budget = recipe.trainer.memory_budget
+            bound = f"trainer.memory_budget = {budget}" if budget != "" else "90% of the free memory"
+            line += (f", {checkpointed:,} of their {rows:,} rows checkpointed (only each block's input kept) to stay"
+                     f" within {bound}")
+        return line
     if kept:
-        return (f"update: retain until step {kept[-1]['step']}, then recompute ({source}: the retained graphs "
-                "outgrew the memory free on the device)")
+        budget = recipe.trainer.memory_budget
+        room = f"trainer.memory_budget = {budget}" if budget != "" else "the memory free on the device"
+        return (f"update: retain until step {kept[-1]['step']}, then recompute ({source}: the retained graphs"
+                f" outgrew {room})")
     if asked == "auto":
         conflicts = retain_conflicts(recipe)
         why = (f"retain is not exact with {conflicts[0][0]}: {conflicts[0][1]}" if conflicts

@@ -9,6 +9,7 @@ from flowrl_zoo import (  # noqa: F401
     diffusion_dpo,
     diffusion_nft,
     egrpo,
+    flash_grpo,
     flow_dppo,
     flow_grpo,
     flow_grpo_fast,

@@ -158,14 +158,28 @@ class QwenImageAdapter(PipelineAdapter):
         mask = mask[:, :longest]
         return cond.tensors["embeds"][:, :longest], (None if bool(mask.all()) else mask)
 
-    def _forward(self, x: Tensor, t: Tensor, embeds: Tensor, mask: Tensor | None) -> Tensor:
-        return self.forward(
-            hidden_states=x.to(self.dtype),
+    def image_input(self, x: Tensor, cond: Conditioning | None) -> tuple[Tensor, list[Any]]:
+        """The transformer's image stream for latents ``x`` and its ``img_shapes`` (one entry per row): here the
+        latents alone on one grid; an edit base appends its source images' tokens and grids."""
+        return x, [self.img_shape] * int(x.shape[0])
+
+    def negative_states(self, cond: Conditioning, n: int) -> tuple[Tensor, Tensor | None]:
+        """The negative branch's text states for ``n`` rows and their mask: the negative prompt's, encoded once."""
+        negative = self.unconditional()  # the negative prompt's text states (length, width)
+        return negative.unsqueeze(0).expand(n, *negative.shape), None
+
+    def _forward(self, x: Tensor, t: Tensor, embeds: Tensor, mask: Tensor | None, cond: Conditioning | None = None
+                 ) -> Tensor:
+        """One transformer call on latents ``x`` (with what :meth:`image_input` adds), cut back to ``x``'s tokens."""
+        hidden, shapes = self.image_input(x, cond)
+        out = self.forward(
+            hidden_states=hidden.to(self.dtype),
             timestep=t,
             encoder_hidden_states=embeds.to(self.dtype),
             encoder_hidden_states_mask=mask,
-            img_shapes=[self.img_shape] * int(x.shape[0]),
+            img_shapes=shapes,
         )
+        return out[:, : x.shape[1]]
 
     def model_time(self, s: Tensor) -> Tensor:
         """The transformer's ``timestep``: the scheduler's ``sigma * 1000`` divided by 1000, as the pipeline
@@ -185,14 +199,13 @@ class QwenImageAdapter(PipelineAdapter):
         t = self.model_time(s)
         embeds, mask = self.trimmed(cond)
         with around_cond():
-            v_cond = self._forward(x, t, embeds, mask)
+            v_cond = self._forward(x, t, embeds, mask, cond)
         if not self.guided:
             self.nfe += n
             return v_cond
         self.nfe += 2 * n  # two transformer rows per latent
-        negative = self.unconditional()  # the negative prompt's text states (length, width)
         with torch.no_grad():  # the negative branch is frozen
-            v_neg = self._forward(x, t, negative.unsqueeze(0).expand(n, *negative.shape), None)
+            v_neg = self._forward(x, t, *self.negative_states(cond, n), cond)
         comb = v_neg + float(self.config.true_cfg_scale) * (v_cond - v_neg)
         return comb * (v_cond.norm(dim=-1, keepdim=True) / comb.norm(dim=-1, keepdim=True))
 
@@ -207,8 +220,13 @@ class QwenImageAdapter(PipelineAdapter):
         options = options or AttentionEntropyOptions()
         recorder = EntropyRecorder()
         with torch.no_grad():
-            v = self.guided_velocity(x, s, cond, lambda: entropy_probe(self.module, options, recorder))
+            rows = self.probed_rows(x, cond)
+            v = self.guided_velocity(x, s, cond, lambda: entropy_probe(self.module, options, recorder, rows))
         return v, recorder.entropy()
+
+    def probed_rows(self, x: Tensor, cond: Conditioning) -> int | None:
+        """How many image rows after the text the probe measures (None: all of them)."""
+        return None
 
     def decode(self, x: Tensor) -> Tensor:
         vae = self.pipe.vae

@@ -97,7 +97,8 @@ class QwenEntropyProbeProcessor(ProbeProcessor, QwenDoubleStreamAttnProcessor2_0
 
     def _record_masked(self, query: Tensor, key: Tensor, key_mask: Tensor | None, seq_txt: int) -> None:
         o = self.options
-        image_queries = query[:, seq_txt :: o.query_stride]
+        end = None if self.query_len is None else seq_txt + self.query_len  # an edit's target rows only
+        image_queries = query[:, seq_txt : end : o.query_stride]
         if o.keys == "text":
             key, key_mask = key[:, :seq_txt], (None if key_mask is None else key_mask[:, :seq_txt])
         if key_mask is None:  # every key counts: normalised by the per-row key count, as with padded prompts
@@ -111,10 +112,13 @@ def attention_modules(transformer: nn.Module) -> list[Any]:
 
 
 def entropy_probe(
-    transformer: nn.Module, options: AttentionEntropyOptions, recorder: EntropyRecorder
+    transformer: nn.Module, options: AttentionEntropyOptions, recorder: EntropyRecorder, query_len: int | None = None
 ) -> AbstractContextManager[EntropyRecorder]:
     """Install probe processors recording into ``recorder`` on the chosen layers (in place of
     ``QwenDoubleStreamAttnProcessor2_0`` or a subclass keeping its ``__call__``); restore the originals on exit
-    (also on error)."""
+    (also on error). ``query_len``: the image rows measured (an edit's target tokens; the source's after them
+    remain keys); None: every image row."""
     probes = {QwenDoubleStreamAttnProcessor2_0: QwenEntropyProbeProcessor}
-    return probe_processors(transformer, attention_modules, options, probes, recorder=recorder, subclasses=True)
+    return probe_processors(
+        transformer, attention_modules, options, probes, query_len=query_len, recorder=recorder, subclasses=True
+    )

@@ -16,6 +16,12 @@ The template's prefix is then ``<|im_start|> system \\n describe the image ... b
 <|im_start|> user \\n``: 34 tokens. :func:`template_prefix_length` counts them for any tokenizer, and the tiny
 twin's tests check that a prompt's own tokens are exactly what survives the drop (followed by the template's
 five closing tokens, as with the real tokenizer).
+
+The edit pipelines (``QwenImageEditPipeline``, ``QwenImageEditPlusPipeline``) use a longer system message and
+drop 64 tokens: everything before ``<|vision_start|>``, where the source image's vision tokens begin. The edit
+twin's tokenizer (``edit=True``) knows that message's words and the vision tokens (``<|vision_start|>``,
+``<|image_pad|>``, ``<|vision_end|>``, ``<|video_pad|>``, special) and keeps an apostrophe with the letters after
+it (``user's`` is ``user 's``, as Qwen2's BPE splits it), which makes that prefix 64 tokens too.
 """
 
 from __future__ import annotations
@@ -38,22 +44,34 @@ _TEMPLATE_TEXT = """
     relationships of objects and background :
 """
 TEMPLATE_WORDS: tuple[str, ...] = tuple(_TEMPLATE_TEXT.split())
+# The vision tokens of Qwen2.5-VL's processor, and the words of the edit pipelines' system prompt
+VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
+VISION_SPECIAL = (VISION_START, IMAGE_PAD, VISION_END, VIDEO_PAD)
+_EDIT_TEMPLATE_TEXT = """
+    system user assistant describe the key features of input image ( color , shape size texture objects background ),
+    then explain how 's text instruction should alter or modify . generate a new that meets requirements while
+    maintaining consistency with original where appropriate picture : 1 2 3 4 5 6 7 8 9
+"""
+EDIT_TEMPLATE_WORDS: tuple[str, ...] = tuple(_EDIT_TEMPLATE_TEXT.split())
 
 
-def build_qwen_word_tokenizer(words: Sequence[str] = DEFAULT_WORDS) -> PreTrainedTokenizerFast:
+def build_qwen_word_tokenizer(words: Sequence[str] = DEFAULT_WORDS, edit: bool = False) -> PreTrainedTokenizerFast:
     """A fast word-level tokenizer over :data:`TEMPLATE_WORDS` and ``words`` (lower-cased, de-duplicated)
-    with Qwen2's special tokens; pads on the right with ``<|endoftext|>``, maps unknown words to ``<unk>``."""
-    vocab = {tok: i for i, tok in enumerate((*SPECIAL, NEWLINE))}
-    for word in (*TEMPLATE_WORDS, *words):
+    with Qwen2's special tokens; pads on the right with ``<|endoftext|>``, maps unknown words to ``<unk>``.
+    ``edit``: the edit pipelines' words (:data:`EDIT_TEMPLATE_WORDS`), the vision tokens and ``'s`` kept whole."""
+    special = (*SPECIAL, *VISION_SPECIAL) if edit else SPECIAL
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL, NEWLINE, *special[len(SPECIAL):]))}
+    for word in (*(EDIT_TEMPLATE_WORDS if edit else TEMPLATE_WORDS), *words):
         w = word.strip().lower()
         if w and w not in vocab:
             vocab[w] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
     # keep the matches (words, punctuation runs, line breaks), drop everything else (spaces)
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+|\n"), behavior="removed", invert=True)
+    pattern = r"'\w+|\w+|[^\w\s]+|\n" if edit else r"\w+|[^\w\s]+|\n"
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="removed", invert=True)
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL])
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         model_max_length=2048,  # the pipeline asks for at most 1024 + 34 tokens
@@ -68,5 +86,7 @@ def build_qwen_word_tokenizer(words: Sequence[str] = DEFAULT_WORDS) -> PreTraine
 
 
 def template_prefix_length(tokenizer: Any, template: str) -> int:
-    """How many tokens ``tokenizer`` makes of ``template``'s text before the prompt's slot ``{}``."""
-    return len(tokenizer(template.split("{}")[0], add_special_tokens=False)["input_ids"])
+    """How many tokens ``tokenizer`` makes of ``template``'s text before the prompt's slot ``{}`` or, in an edit
+    template, before the source image's ``<|vision_start|>``, whichever comes first."""
+    prefix = template.split("{}")[0].split(VISION_START)[0]
+    return len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
