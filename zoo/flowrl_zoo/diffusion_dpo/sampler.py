@@ -76,7 +76,8 @@ class PreferenceFile(RolloutSampler):
 
     @staticmethod
     def check_config(config: PreferenceFile.Config) -> list[tuple[str, str]]:
-        return [] if config.path else [("path", "give the preference file (JSONL: prompt, chosen, rejected)")]
+        why = "sampler 'preference_file' reads its pairs from a file: give its path (JSONL: prompt, chosen, rejected)"
+        return [] if config.path else [("path", why)]
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
