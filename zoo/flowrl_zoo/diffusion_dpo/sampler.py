@@ -19,17 +19,18 @@ from flowrl_zoo.diffusion_dpo.preferences import PreferenceFileError, read_prefe
 LABEL = "preference"  # Rollout.extras key: +1 for a preferred image, -1 for a rejected one
 
 
-def image_side(backbone: Backbone) -> int:
-    """The side of the square images the backbone makes (one decode of a noise latent); a
-    :class:`PreferenceFileError` for a base whose images are not square."""
+def image_side(backbone: Backbone) -> tuple[int, torch.device]:
+    """The side of the square images the backbone makes (one decode of a noise latent) and the device of its
+    latents; a :class:`PreferenceFileError` for a base whose images are not square."""
     with torch.no_grad():
-        shape = tuple(backbone.decode(backbone.noise(1, torch.Generator().manual_seed(0))).shape)
+        noise = backbone.noise(1, torch.Generator().manual_seed(0))
+        shape = tuple(backbone.decode(noise).shape)
     if len(shape) != 4 or shape[-1] != shape[-2]:
         raise PreferenceFileError(
             f"[sampler] preference_file: backbone {type(backbone).__name__} makes images of shape {shape[1:]}; offline"
             " pairs are fitted to square images only"
         )
-    return int(shape[-1])
+    return int(shape[-1]), noise.device
 
 
 def pair_latents(backbone: Backbone, images: Tensor) -> Tensor:
@@ -82,7 +83,7 @@ class PreferenceFile(RolloutSampler):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.pairs = read_preferences(config.path)
-        self.side: int | None = None  # the backbone's image side, found at the first rollout
+        self.side: tuple[int, torch.device] | None = None  # the backbone's image side and device (first rollout)
 
     def rollout_count(self, plan: Plan, num_prompts: int) -> int:
         return 2 * num_prompts
@@ -94,9 +95,9 @@ class PreferenceFile(RolloutSampler):
         records = [self.pairs[i] for i in index]
         if self.side is None:
             self.side = image_side(backbone)
-        side = self.side
+        side, device = self.side
         images = torch.stack([fit_square(img, side) for r in records for img in (r.chosen, r.rejected)])
-        latents = pair_latents(backbone, images)
+        latents = pair_latents(backbone, images.to(device))
         texts = [r.prompt for r in records]
         rows = torch.arange(len(records)).repeat_interleave(2)
         labels = torch.tensor([1.0, -1.0]).repeat(len(records))
