@@ -58,6 +58,7 @@ TINY: dict[str, dict[str, dict[str, Any]]] = {
         "mix_grpo_flash": {"group_size": 2, "tail_steps": 1},
         "aegpo_allocate": {"host": {"type": "independent", "group_size": 2}},
         "branch_tree": {"factor": 2},
+        "preference_file": {"path": str(Path(__file__).resolve().parents[1] / "recipes/data/dpo_world/pairs.jsonl")},
     },
 }
 

@@ -193,6 +193,7 @@ SAMPLE = [  # composing pairs with the partners the page names, one for each way
     {"selector": "branch_splits", "sampler": "branch_tree", "advantage": "branch_depthwise", "loss": "flow_dppo"},
     {"selector": "branch_splits", "sampler": "branch_tree", "loss": "crd"},  # a tree with group_norm
     {"selector": "nft_rollouts", "sampler": "mix_grpo_flash", "loss": "diffusion_nft"},
+    {"selector": "nft_rollouts", "sampler": "preference_file", "advantage": "preference", "loss": "diffusion_dpo"},
 ]
 
 

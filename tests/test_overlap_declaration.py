@@ -39,6 +39,7 @@ BEFORE = {
     "branch_tree": False,
     "aegpo_allocate": False,
     "iso_temporal": True,  # added later, declared: each prompt draws its step and noise from its own stream
+    "preference_file": False,
 }
 
 

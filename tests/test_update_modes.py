@@ -27,7 +27,9 @@ SERVED = {
 def test_auto_picks_retain_where_exact() -> None:
     """Every shipped embedded recipe resolves to retain but the forward-process ones and those with two inner
     epochs (the trust-region methods, whose second step differentiates moved weights)."""
-    assert set(SHIPPED) - set(RETAINED) == {"diffusion_nft", "aegpo_nft", "crd", "grpo_guard", "flow_dppo"}
+    assert set(SHIPPED) - set(RETAINED) == {
+        "diffusion_nft", "aegpo_nft", "crd", "grpo_guard", "flow_dppo", "diffusion_dpo", "diffusion_dpo_offline"
+    }
 
 
 @pytest.mark.parametrize("name", [name for name in RETAINED if name not in SERVED])

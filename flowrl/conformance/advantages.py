@@ -85,7 +85,9 @@ def check_advantage(
       joined by their rules, no images) gives each process's rollouts the same advantages whichever process
       comes first, up to float rounding.
 
-    Returns the advantages of the first batch."""
+    An estimator whose advantages come with the rollouts (``reads_rewards = False``: labels of offline data) is
+    held instead of the constant-group and higher-is-better rules to giving the same advantages whatever the
+    rewards. Returns the advantages of the first batch."""
     names = dict(rewards or {"reward": 1.0})
     r = rollout.num_rollouts
     batch = _rewards(names, r, seed)
@@ -93,6 +95,18 @@ def check_advantage(
     _shapes(estimator, out, rollout, batch)
     require(_same(out, estimator(batch, rollout)), estimator, "the same rewards gave other advantages")
 
+    if not estimator.reads_rewards:
+        other = _rewards(names, r, seed + 3)
+        require(torch.equal(estimator(other, rollout).values, out.values), estimator,
+                "reads_rewards is false but other rewards gave other advantages")
+    else:
+        _reward_rules(estimator, rollout, batch, r, seed)
+    _order_rule(estimator, rollout, names, batch, r, seed)
+    return out
+
+
+def _reward_rules(estimator: AdvantageEstimator, rollout: Rollout, batch: RewardBatch, r: int, seed: int) -> None:
+    """Constant groups get zero advantages; with one reward, higher is better within every group."""
     # a constant group: the first group's rewards all set to one value per reward
     first = rollout.group == rollout.group[0]
     flat = RewardBatch({k: torch.where(first, 0.5, v) for k, v in batch.scores.items()}, batch.weights)
@@ -110,6 +124,11 @@ def check_advantage(
         require(float((values[members] * centred).sum()) >= -1e-9, estimator,
                 f"group {int(g)}: advantages anti-correlate with the reward (higher reward must be better)")
 
+
+def _order_rule(
+    estimator: AdvantageEstimator, rollout: Rollout, names: dict[str, float], batch: RewardBatch, r: int, seed: int
+) -> None:
+    """The two-process batch gives each process's rollouts the same advantages whichever process comes first."""
     # the order of groups: processes A then B, or B then A
     view = _two_processes(rollout)
     other = _rewards(names, r, seed + 2)
@@ -126,4 +145,3 @@ def check_advantage(
         nodes_swapped = torch.cat([out_ba.nodes[m:], out_ba.nodes[:m]])
         require(bool(((out_ab.nodes - nodes_swapped).abs() <= ORDER_TOL).all()), estimator,
                 "node advantages depend on the order of the groups in the batch")
-    return out

@@ -67,10 +67,11 @@ def _reference_rule(loss: Loss, build: Callable[[bool], Any], run: Callable[[Any
 
 
 def _off_centre(loss: Loss, run: Callable[[Any], Any], build: Callable[[Tensor], Any], leaf: Callable[[], Tensor],
-                wrt: str, rows_name: str) -> tuple[Tensor, dict[str, float]]:
+                wrt: str, rows_name: str, split: int | None = None) -> tuple[Tensor, dict[str, float]]:
     """The rules every loss keeps away from the trust-region centre, on ``build(v)`` for a fresh ``v = leaf()``:
     a finite scalar, deterministic, differentiable with respect to ``v``, and a mean over its rows (the batch's
-    loss equals its two halves' share-weighted losses). Returns the loss and its stats."""
+    loss equals its two halves' share-weighted losses; the first half is rows ``:split``, by default half of
+    them). Returns the loss and its stats."""
     v = leaf()
     batch = build(v)
     value, stats = _call(loss, lambda: run(batch))
@@ -79,8 +80,8 @@ def _off_centre(loss: Loss, run: Callable[[Any], Any], build: Callable[[Tensor],
     require(grad is not None and finite(grad) and bool(grad.abs().sum() > 0), loss,
             f"the loss must be differentiable with respect to {wrt} (a finite, non-zero gradient)")
     n = int(v.shape[0])
-    weighted = 0.0
-    for rows in (slice(0, n // 2), slice(n // 2, n)):
+    weighted, half = 0.0, n // 2 if split is None else split
+    for rows in (slice(0, half), slice(half, n)):
         part = type(batch)(**{k: _rows(t, rows) for k, t in attrs.asdict(batch, recurse=False).items()})
         weighted += _num(_call(loss, functools.partial(run, part))[0]) * (rows.stop - rows.start)
     require(abs(weighted / n - _num(value)) <= SPLIT_TOL * max(1.0, abs(_num(value))), loss,
@@ -181,16 +182,18 @@ def check_policy_loss(
 def check_forward_process_loss(
     loss: ForwardProcessLoss, rollouts: int = 8, latent_shape: Sequence[int] = (4, 6), seed: int = 0
 ) -> None:
-    """Rules, on rollouts re-noised as the trainer does (``x_t = (1 - t) x0 + t eps``, ``v_old`` detached):
+    """Rules, on rollouts re-noised as the trainer does (the loss's :meth:`~ForwardProcessLoss.rows`, one
+    ``x_t = (1 - t) x0 + t eps`` per draw, ``v_old`` detached):
 
     - ``sample_times(n, generator)``: ``n`` levels in (0, 1), the same for the same generator seed;
     - a finite scalar loss and stats of finite numbers; differentiable with respect to ``v`` (finite,
-      non-zero gradient); deterministic; a mean over rollouts (a batch equals its halves, share-weighted; each
-      half is one prompt's rollouts, which the trainer never splits: a loss may centre within a prompt);
+      non-zero gradient); deterministic; a mean over rows (a batch equals its halves, share-weighted; each
+      half is one prompt's rows, which the trainer never splits: a loss may centre within a prompt);
     - ``v_old``, the advantages and ``v_ref`` are constants: given with a gradient, none reaches them;
-    - at the centre (``v = v_old``, reference = policy): zero advantages give a zero gradient, and the step
-      down the gradient moves each rollout's velocity towards its flow-matching target ``eps - x0`` when its
-      advantage is positive and away from it when negative;
+    - at the centre (``v = v_old``, reference = policy): zero advantages give a zero gradient (or no row at all),
+      and the step down the gradient moves a row's velocity towards its flow-matching target ``eps - x0`` when
+      its advantage is positive and away from it when negative; rows re-noised alike (one draw) are compared
+      instead: the one of the highest advantage moves towards its target, the one of the lowest away;
     - ``needs_reference`` is a bool, and when true the loss reads ``v_ref``.
     """
     times = loss.sample_times(rollouts, torch.Generator().manual_seed(seed))
@@ -202,8 +205,6 @@ def check_forward_process_loss(
     g = torch.Generator().manual_seed(seed + 1)
     shape = (rollouts, *latent_shape)
     x0, eps, v0 = (torch.randn(shape, generator=g) for _ in range(3))
-    t = times.float()
-    x_t = (1 - _expand(t, x0)) * x0 + _expand(t, x0) * eps
     v_old_off = v0 + 0.1 * torch.randn(shape, generator=g)
     v_ref_off = v0 + 0.1 * torch.randn(shape, generator=g)
     advantages = torch.randn(rollouts, generator=g)
@@ -211,30 +212,56 @@ def check_forward_process_loss(
     advantages[1] = -abs(float(advantages[1])) - 0.1
     group = (torch.arange(rollouts) >= rollouts // 2).long()  # two prompts: the halves the mean rule compares
 
+    def layout(adv: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The loss's rows for ``adv``: each row's rollout, draw, ``t``, noise and ``x_t`` (one ``t`` and noise a
+        draw; by default one draw a rollout, which are ``times`` and ``eps`` themselves)."""
+        of, draw = (torch.as_tensor(x).long().flatten() for x in loss.rows(adv, group))
+        draws = int(draw.max()) + 1 if draw.numel() else 0
+        t_draw = times if draws == rollouts else loss.sample_times(draws, torch.Generator().manual_seed(seed))
+        more = torch.Generator().manual_seed(seed + 2)
+        noise = eps if draws <= rollouts else torch.randn((draws, *latent_shape), generator=more)
+        t, noise = t_draw.float()[draw], noise[draw]
+        return of, draw, t, noise, (1 - _expand(t, x0)) * x0[of] + _expand(t, x0) * noise
+
     def inputs(v: Tensor, centre: bool, adv: Tensor, moved_ref: bool = False) -> ForwardProcessInputs:
-        v_old = v.detach().clone() if centre else v_old_off
-        v_ref = (v_ref_off if moved_ref or not centre else v.detach().clone()) if loss.needs_reference else None
-        return ForwardProcessInputs(x0=x0, x_t=x_t, t=t, v=v, v_old=v_old, advantages=adv, v_ref=v_ref, group=group)
+        of, draw, t, _, x_t = layout(adv)
+        v_old = v.detach().clone() if centre else v_old_off[of]
+        v_ref = (v_ref_off[of] if moved_ref or not centre else v.detach().clone()) if loss.needs_reference else None
+        return ForwardProcessInputs(x0=x0[of], x_t=x_t, t=t, v=v, v_old=v_old, advantages=adv[of], v_ref=v_ref,
+                                    group=group[of], draw=draw)
 
-    def leaf() -> Tensor:
-        return v0.clone().requires_grad_(True)
+    def leaf(adv: Tensor = advantages) -> Tensor:
+        return v0[layout(adv)[0]].clone().requires_grad_(True)
 
-    _off_centre(loss, loss.forward_process, lambda v: inputs(v, False, advantages), leaf, "v", "rollouts")
+    of, draw, _, noise, _ = layout(advantages)
+    require(of.numel() > 0 and bool((group[of][1:] >= group[of][:-1]).all()), loss,
+            "rows(advantages, prompt) must train some rows, in prompt order, when the advantages differ")
+    split = int((group[of] == group[of][0]).sum())
+    _off_centre(loss, loss.forward_process, lambda v: inputs(v, False, advantages), leaf, "v", "rows", split)
     _constants_rule(loss, loss.forward_process, inputs(leaf(), False, advantages), ("v_old", "advantages", "v_ref"))
 
-    v = leaf()
-    value, _ = _call(loss, lambda: loss.forward_process(inputs(v, True, torch.zeros(rollouts))))
-    grad = _grad(value, v)
-    require(grad is None or float(grad.abs().max()) <= GRAD_TOL, loss,
-            "at the centre, zero advantages must give a zero gradient")
+    zeros = torch.zeros(rollouts)
+    if layout(zeros)[0].numel():
+        v = leaf(zeros)
+        value, _ = _call(loss, lambda: loss.forward_process(inputs(v, True, zeros)))
+        grad = _grad(value, v)
+        require(grad is None or float(grad.abs().max()) <= GRAD_TOL, loss,
+                "at the centre, zero advantages must give a zero gradient")
     v = leaf()
     value, _ = _call(loss, lambda: loss.forward_process(inputs(v, True, advantages)))
     grad = _grad(value, v)
     require(grad is not None and finite(grad), loss, "the gradient must reach v at the centre")
     assert grad is not None
-    towards = ((-grad) * (eps - x0 - v0)).flatten(1).sum(1)  # the descent step against the way to the target
-    require(bool((torch.sign(towards) == torch.sign(advantages)).all()), loss,
-            "at the centre, a positive advantage must move v towards eps - x0 and a negative one away from it")
+    towards = ((-grad) * (noise - x0[of] - v0[of])).flatten(1).sum(1)  # the descent step against the way to the target
+    row_adv = advantages[of]
+    for d in torch.unique(draw).tolist():
+        rows = (draw == d).nonzero().flatten()
+        if len(rows) == 1:
+            ok = bool(torch.sign(towards[rows[0]]) == torch.sign(row_adv[rows[0]]))
+        else:
+            ok = bool(towards[rows[row_adv[rows].argmax()]] > 0) and bool(towards[rows[row_adv[rows].argmin()]] < 0)
+        require(ok, loss, "at the centre, a positive advantage must move v towards eps - x0 and a negative one away "
+                "from it (of rows re-noised alike: the highest advantage towards it, the lowest away)")
     _reference_rule(loss, lambda moved: inputs(leaf(), True, advantages, moved), loss.forward_process, "v_ref")
 
 

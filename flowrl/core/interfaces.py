@@ -339,6 +339,11 @@ class RewardModel(Component, ABC):
 class AdvantageEstimator(Component, ABC):
     """Turns rewards and the rollout structure into one advantage per rollout."""
 
+    # False: the advantages come with the rollouts (a sampler's labels in Rollout.extras, such as offline
+    # preference pairs), not from the rewards, which are only logged; the conformance rules then hold the
+    # advantages to not depending on the rewards instead of to the rules of reward-driven estimators.
+    reads_rewards: bool = True
+
     @abstractmethod
     def __call__(self, rewards: RewardBatch, rollout: Rollout) -> Advantages:
         """Advantages for every rollout."""
@@ -383,8 +388,8 @@ class PolicyLoss(Loss):
 
 class ForwardProcessLoss(Loss):
     """An objective on the forward (noising) process of the rollouts' final latents: no log-densities, so any
-    sampler works (DiffusionNFT). The trainer re-noises each rollout's ``x0`` at ``sample_times`` and calls
-    :meth:`forward_process`."""
+    sampler works (DiffusionNFT). The trainer re-noises each row's ``x0`` (:meth:`rows`: by default each rollout)
+    at ``sample_times`` and calls :meth:`forward_process`."""
 
     # flowrl.core.contracts: a subclass keeps this token and adds its own
     provides = frozenset({"forward_process_loss"})
@@ -398,6 +403,17 @@ class ForwardProcessLoss(Loss):
         times, consecutively, before ``sample_times`` (so rows ``k i .. k i + k - 1`` are rollout ``i``), and
         each copy is re-noised with its own time and noise."""
         return 1
+
+    def rows(self, advantages: Tensor, prompt: Tensor) -> tuple[Tensor, Tensor]:
+        """The loss rows of an update and how they are re-noised, from each rollout's advantage and prompt row (this
+        process's rollouts): ``(rollout, draw)``, one entry per row. ``rollout[j]`` is the rollout row ``j`` trains;
+        rows with the same ``draw[j]`` are re-noised with one time and one noise (a pair compared at the same point).
+        ``draw`` counts up from 0 and never decreases, and rows that share a draw share a prompt, so a micro-batch
+        never splits them (the trainer checks both). Default: each rollout :meth:`levels` times, consecutively, each
+        copy its own draw. A loss that trains some rollouts only (none at all in an iteration is allowed) or compares
+        rows at shared noise says so here, and reads ``ForwardProcessInputs.draw``."""
+        rollout = torch.arange(int(advantages.shape[0])).repeat_interleave(int(self.levels()))
+        return rollout, torch.arange(int(rollout.shape[0]))
 
     def lagged_decay(self, updates: int) -> float | None:
         """What ``ForwardProcessInputs.v_old`` is. None (the default): the rollout-time policy's velocity. A

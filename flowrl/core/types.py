@@ -295,3 +295,4 @@ class ForwardProcessInputs:
     advantages: Tensor
     v_ref: Tensor | None = None
     group: Tensor | None = None  # (B,) long: each rollout's prompt; a micro-batch never splits a prompt's rollouts
+    draw: Tensor | None = None  # (B,) long: each row's noise draw (ForwardProcessLoss.rows); equal ids share t and eps

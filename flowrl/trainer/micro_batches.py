@@ -123,24 +123,30 @@ def forward_process_losses(
     reference: Callable[[], AbstractContextManager[None]] | None = None,
     lagged: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
-    """For forward-process losses: re-noise each rollout's clean latent and yield (loss, share, stats).
+    """For forward-process losses: re-noise each loss row's clean latent and yield (loss, share, stats).
 
-    Micro-batches keep each prompt's rollouts together (:func:`prompt_chunks`), so a loss may centre within a
-    prompt. ``v_old`` is the policy's velocity before this update (one inner epoch: the same forward,
-    detached), or, with ``lagged`` (a context under which the transformer holds the lagged copy), the copy's.
-    With ``loss_fn.levels() = k > 1`` each rollout is re-noised at ``k`` times (its row repeated), all in one update.
+    The rows are the loss's (:meth:`ForwardProcessLoss.rows`: by default each rollout, ``levels()`` times): one
+    time and one noise are drawn per draw id and shared by its rows. Micro-batches keep each prompt's rows together
+    (:func:`prompt_chunks`), so a loss may centre within a prompt, and rows that share a draw stay together.
+    ``v_old`` is the policy's velocity before this update (one inner epoch: the same forward, detached), or, with
+    ``lagged`` (a context under which the transformer holds the lagged copy), the copy's. A process whose loss
+    trains no row in this update runs one forward at share 0, so that every process takes part in the gradient's
+    all-reduce.
     """
     if rollout.final_latents is None:
         raise ValueError(f"{type(loss_fn).__name__} needs Rollout.final_latents; the sampler did not record them")
     levels = int(loss_fn.levels())
     if levels < 1:
         raise ValueError(f"{type(loss_fn).__name__}.levels() must be at least 1, got {levels}")
-    rollout_of = torch.arange(rollout.final_latents.shape[0]).repeat_interleave(levels)  # identity for one level
+    rollout_of, draw = loss_rows(loss_fn, advantages, rollout.rollout_prompt)
+    if rollout_of.numel() == 0:
+        yield from idle_forward(backbone, rollout)
+        return
     x0_all = rollout.final_latents.float()[rollout_of]
     prompt_all, advantages = rollout.rollout_prompt[rollout_of], advantages[rollout_of.to(advantages.device)]
-    total = x0_all.shape[0]
-    t_all = loss_fn.sample_times(total, generator)
-    eps_all = torch.randn(x0_all.shape, generator=generator)
+    total, draws = x0_all.shape[0], int(draw[-1]) + 1
+    t_all = loss_fn.sample_times(draws, generator)[draw]
+    eps_all = torch.randn((draws, *x0_all.shape[1:]), generator=generator)[draw]
     for rows in prompt_chunks(prompt_all, batch_rollouts):
         x0 = x0_all[rows]
         t = t_all[rows].to(x0.device)
@@ -159,9 +165,40 @@ def forward_process_losses(
         batch = ForwardProcessInputs(
             x0=x0, x_t=x_t, t=t, v=v, v_old=v.detach() if v_lagged is None else v_lagged,
             advantages=advantages[rows].to(x0.device), v_ref=v_ref, group=prompt_all[rows].to(x0.device),
+            draw=draw[rows].to(x0.device),
         )
         loss, stats = loss_fn.forward_process(batch)
         yield loss, len(rows) / total, stats
+
+
+def loss_rows(loss_fn: ForwardProcessLoss, advantages: Tensor, prompt: Tensor) -> tuple[Tensor, Tensor]:
+    """The loss's ``(rollout, draw)`` rows (:meth:`ForwardProcessLoss.rows`), held to its contract: as many draws
+    as rows, rollouts in range, draws counting up from 0 without decreasing, rows of one draw on one prompt."""
+    name = type(loss_fn).__name__
+    rollout, draw = (torch.as_tensor(x).long().cpu().flatten() for x in loss_fn.rows(advantages, prompt.cpu()))
+    if rollout.shape != draw.shape:
+        raise ValueError(f"{name}.rows gave {rollout.numel()} rollouts but {draw.numel()} draws")
+    if rollout.numel() == 0:
+        return rollout, draw
+    if int(rollout.min()) < 0 or int(rollout.max()) >= int(prompt.shape[0]):
+        raise ValueError(f"{name}.rows names a rollout outside 0 .. {int(prompt.shape[0]) - 1}")
+    steps = draw[1:] - draw[:-1]
+    if int(draw[0]) != 0 or bool(((steps != 0) & (steps != 1)).any()):
+        raise ValueError(f"{name}.rows: draw ids must count up from 0 in steps of 0 or 1, got {draw.tolist()[:16]}")
+    rows_prompt = prompt.cpu()[rollout]
+    if bool(((steps == 0) & (rows_prompt[1:] != rows_prompt[:-1])).any()):
+        raise ValueError(f"{name}.rows: rows that share a draw must share a prompt")
+    return rollout, draw
+
+
+def idle_forward(backbone: Backbone, rollout: Rollout) -> Iterator[tuple[Tensor, float, dict[str, float]]]:
+    """One forward of the first rollout, as a zero loss at share 0: the update of a process with no row to train
+    still reaches the gradient all-reduce (its gradient is zero)."""
+    assert rollout.final_latents is not None
+    x0 = rollout.final_latents[:1].float()
+    t = torch.full((1,), 0.5, device=x0.device)
+    v = backbone.velocity(x0, t, rollout.cond.take(rollout.rollout_prompt[:1]))
+    yield v.float().sum() * 0.0, 0.0, {}
 
 
 class StatsMean:

@@ -6,6 +6,7 @@ from flowrl_zoo import (  # noqa: F401
     branch_grpo,
     crd,
     dance_grpo,
+    diffusion_dpo,
     diffusion_nft,
     egrpo,
     flash_grpo,
