@@ -125,6 +125,7 @@ SAMPLERS: dict[str, tuple[dict[str, Any], Plan]] = {
         {"type": "aegpo_allocate", "min_group": 2, "max_group": 5, "host": {"type": "independent", "group_size": 3}},
         UNITS,
     ),
+    "iso_temporal": ({"type": "iso_temporal", "group_size": 2}, UNITS),
     "aegpo_allocate_anchor": (
         {"type": "aegpo_allocate", "min_group": 2, "max_group": 4, "host": {"type": "anchor_branch", "group_size": 3}},
         UNITS,

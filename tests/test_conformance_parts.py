@@ -48,7 +48,10 @@ def rollout(path: Path) -> Rollout:
 @pytest.mark.parametrize("path", RECIPES, ids=recipe_id)
 def test_advantage_and_loss_conform(path: Path) -> None:
     recipe = loaded(path)[0]
-    weights = {r.name: r.weight for r in recipe.rewards}
+    from flowrl.config.reward_weights import weight_at
+
+    # a scheduled weight at the run's last iteration, where every ramped-in reward has its weight
+    weights = {r.name: weight_at(r.weight, recipe.trainer.max_steps) for r in recipe.rewards}
     out = check_advantage(recipe.build("advantage"), rollout(path), weights)
     assert out.values.shape == (rollout(path).num_rollouts,)
     check_loss(recipe.build("loss"))
