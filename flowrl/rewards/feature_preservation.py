@@ -31,12 +31,11 @@ from attrs.validators import gt
 from torch import Tensor
 
 from flowrl.core.choices import one_of
-from flowrl.core.conditions import conditions_of
 from flowrl.core.registry import register
 from flowrl.rewards.base import DType, ModelReward
 from flowrl.rewards.clip_rewards import DTYPES, _read_preprocessor_config, image_preprocess
 from flowrl.rewards.preprocess import ImagePreprocess, Resize
-from flowrl.rewards.preservation import source_like
+from flowrl.rewards.preservation import edit_sources
 
 
 @attrs.frozen
@@ -97,13 +96,7 @@ class EditFeatureSimilarity(ModelReward):
         chunks = self.batches(images, prompts, self.config.batch_size)
         results = images.detach().float().cpu()
         height, width = results.shape[-2:]
-        sources = []
-        for prompt in prompts:
-            conditions = conditions_of(prompt)
-            if not conditions:
-                raise ValueError(f"edit_feature_similarity compares an edit with its source image; {str(prompt)[:40]!r}"
-                                 " has none (use prompts with condition images: an edit task)")
-            sources.append(source_like(conditions[0], height, width))
+        sources = edit_sources(prompts, height, width, "edit_feature_similarity")
         bundle = self.model(images)
         parts = []
         for s in chunks:

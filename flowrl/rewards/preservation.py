@@ -90,6 +90,19 @@ def source_like(condition: Condition, height: int, width: int) -> Tensor:
                      "result: a non-square result must have the source's size")
 
 
+def edit_sources(prompts: list[Any], height: int, width: int, reward: str) -> list[Tensor]:
+    """Each prompt's first condition image brought to a ``height`` x ``width`` result's frame (:func:`source_like`);
+    a prompt without one is a ValueError naming ``reward``."""
+    sources = []
+    for prompt in prompts:
+        conditions = conditions_of(prompt)
+        if not conditions:
+            raise ValueError(f"{reward} compares an edit with its source image; {str(prompt)[:40]!r} has none (use"
+                             " prompts with condition images: an edit task)")
+        sources.append(source_like(conditions[0], height, width))
+    return sources
+
+
 @register("reward", "edit_preservation")
 class EditPreservation(RewardModel):
     """How much of the source an edit kept: SSIM (default) or 1 - mean L1 against the source image (1: all)."""
@@ -114,13 +127,7 @@ class EditPreservation(RewardModel):
             raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
         results = images.detach().float().cpu()
         height, width = results.shape[-2:]
-        sources = []
-        for prompt in prompts:
-            conditions = conditions_of(prompt)
-            if not conditions:
-                raise ValueError(f"edit_preservation compares an edit with its source image; {str(prompt)[:40]!r} has "
-                                 "none (use prompts with condition images: an edit task)")
-            sources.append(source_like(conditions[0], height, width))
+        sources = edit_sources(prompts, height, width, "edit_preservation")
         source = torch.stack(sources) if sources else results.clone()
         if self.config.metric == "l1":
             return (1 - (results.double() - source.double()).abs().mean(dim=(1, 2, 3))).float()
