@@ -46,22 +46,23 @@ class PromptList(PromptSource):
         return list(self.config.heldout)
 
 
-def _read_text(path: str, where: str) -> str:
-    """A prompt file's text (UTF-8, a byte-order mark dropped); :class:`PromptFileError` starting with ``where``."""
+def read_text_file(path: str | Path, where: str, error: type[UserError] = PromptFileError) -> str:
+    """A user's text file (UTF-8, a byte-order mark dropped); ``error`` (a prompt file's by default), its message
+    starting with ``where``, when it is missing or unreadable."""
     try:
         return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise PromptFileError(f"{where}: no such file (a relative path starts at the working directory)") from None
-    except UnicodeDecodeError as error:
-        raise PromptFileError(f"{where}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
-    except OSError as error:
-        raise PromptFileError(f"{where}: cannot read ({error.strerror or error})") from None
+        raise error(f"{where}: no such file (a relative path starts at the working directory)") from None
+    except UnicodeDecodeError as problem:
+        raise error(f"{where}: not UTF-8 text (byte {problem.start}); save it as UTF-8") from None
+    except OSError as problem:
+        raise error(f"{where}: cannot read ({problem.strerror or problem})") from None
 
 
 def read_prompt_file(path: str, key: str = "prompts.path") -> list[str]:
     """Non-empty stripped lines of a UTF-8 text file; :class:`PromptFileError` names the file and key otherwise."""
     where = f"[{key}] prompt file {path}"
-    text = _read_text(path, where)
+    text = read_text_file(path, where)
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise PromptFileError(f"{where}: no prompts (the file is empty); write one prompt per line")
@@ -97,7 +98,7 @@ def _jsonl_records(path: str, key: str) -> list[tuple[str, str]]:
     """The records of a JSONL prompt file (see :class:`PromptJsonl`) as (where, prompt), each image checked; every
     problem is a :class:`PromptFileError` naming the file, the record and its line."""
     where = f"[{key}] prompt file {path}"
-    text = _read_text(path, where)
+    text = read_text_file(path, where)
     folder = Path(path).parent
     prompts: list[tuple[str, str]] = []
     for line_no, line in enumerate(text.splitlines(), 1):

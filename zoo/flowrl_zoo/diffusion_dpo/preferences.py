@@ -9,6 +9,7 @@ import attrs
 
 from flowrl.core.conditions import Condition, Prompt
 from flowrl.core.errors import UserError
+from flowrl.parts.prompts import read_text_file
 
 KEYS = ("chosen", "rejected")  # the two image keys of a record
 
@@ -27,17 +28,6 @@ class PreferencePair:
     chosen: Condition
     rejected: Condition
     where: str
-
-
-def _text(path: Path, where: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise PreferenceFileError(f"{where}: no such file (a relative path starts at the working directory)") from None
-    except UnicodeDecodeError as error:
-        raise PreferenceFileError(f"{where}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
-    except OSError as error:
-        raise PreferenceFileError(f"{where}: cannot read ({error.strerror or error})") from None
 
 
 def _image(folder: Path, record: dict, key: str, at: str) -> Condition:
@@ -75,7 +65,7 @@ def read_preferences(path: str, key: str = "sampler.path") -> list[PreferencePai
     ignored; blank lines are skipped."""
     where = f"[{key}] preference file {path}"
     file = Path(path)
-    text = _text(file, where)
+    text = read_text_file(file, where, PreferenceFileError)
     pairs: list[PreferencePair] = []
     size: tuple[int, int] | None = None
     for line_no, line in enumerate(text.splitlines(), 1):
